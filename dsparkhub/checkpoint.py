@@ -1,0 +1,418 @@
+"""Header-only view of a safetensors checkpoint (local folder, or a Hub repo through ``dsparkhub.hub``).
+
+Owns: parsing safetensors headers (8-byte little-endian length + JSON) with every sanity check a hostile file needs,
+resolving ``model.safetensors.index.json`` to shard files, reading ``config.json``, refusing pickle weights and
+paths that leave the checkpoint folder, and lazy per-tensor access (bytes hashing, torch tensors) for the few places
+that need data. It never loads a whole shard: metadata comes from headers; data is read one tensor at a time.
+
+Does not: know about layouts (``dsparkhub.recipes``) or write anything (``dsparkhub.writer``).
+
+The header is parsed here rather than by ``safetensors.safe_open`` because validating a 1T-parameter target must
+touch only a few KiB per shard and must be able to run on headers fetched over HTTP.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import CheckpointFormatError, CheckpointNotFoundError, UnsafeCheckpointError
+
+#: bytes per element of each safetensors dtype code (safetensors ``Dtype``; sub-byte types are counted per byte
+#: pair below).
+DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64,
+    "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+#: refuse headers larger than this (safetensors itself caps at 100 MB).
+MAX_HEADER_BYTES = 100_000_000
+INDEX_NAME = "model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+#: pickle files that are training state, not weights; they are ignored (never loaded, never copied).
+TRAINING_STATE_PREFIXES = ("training_state", "optimizer", "scheduler", "rng_state", "training_args")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as its safetensors header describes it.
+
+    Attributes:
+        name: tensor name in the file.
+        dtype: safetensors dtype code (``"BF16"``, ``"F8_E4M3"``, ...).
+        shape: dimensions, e.g. ``(V, H)``.
+        file: shard file name, relative to the checkpoint folder.
+        start: byte offset of the data from the start of the file (header included).
+        nbytes: size of the data in bytes.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+    start: int = 0
+    nbytes: int = 0
+
+    @property
+    def numel(self) -> int:
+        """Number of elements (1 for a scalar)."""
+        return math.prod(self.shape)
+
+    def to_dict(self) -> dict:
+        """JSON-friendly ``{"dtype", "shape", "file"}``."""
+        return {"dtype": self.dtype, "shape": list(self.shape), "file": self.file}
+
+
+def _expected_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    return (math.prod(shape) * DTYPE_BITS[dtype] + 7) // 8
+
+
+def parse_header_bytes(raw: bytes, *, file: str, data_size: int | None) -> tuple[dict[str, TensorInfo], dict]:
+    """Parse and check the JSON header of a safetensors file.
+
+    Args:
+        raw: the header's JSON bytes (after the 8-byte length).
+        file: file name used in error messages and stored in each :class:`TensorInfo`.
+        data_size: bytes of the data section (file size - 8 - header length), or None when unknown (remote).
+
+    Returns:
+        ``(tensors by name, __metadata__ dict of str -> str)``.
+
+    Raises:
+        CheckpointFormatError: invalid UTF-8 / JSON, not an object, unknown dtype, bad shape, offsets that disagree
+            with the shape, overlap or leave the file, duplicate names, non-string metadata.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointFormatError(f"safetensors header is not valid UTF-8 ({exc.reason} at byte {exc.start})",
+                                    path=file) from None
+    dupes: list[str] = []
+
+    def no_dupes(pairs):
+        seen = {}
+        for k, v in pairs:
+            if k in seen:
+                dupes.append(k)
+            seen[k] = v
+        return seen
+
+    try:
+        header = json.loads(text, object_pairs_hook=no_dupes)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointFormatError(f"safetensors header is not valid JSON: {str(exc)[:200]}", path=file) from None
+    if dupes:
+        raise CheckpointFormatError(f"safetensors header names tensor {dupes[0]!r} more than once", path=file)
+    if not isinstance(header, dict):
+        raise CheckpointFormatError(f"safetensors header must be a JSON object, found {type(header).__name__}",
+                                    path=file)
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
+        raise CheckpointFormatError("safetensors `__metadata__` must map strings to strings", path=file)
+    tensors: dict[str, TensorInfo] = {}
+    spans = []
+    base = 8 + len(raw)
+    for name, entry in header.items():
+        where = f"tensor {name!r}"
+        if not isinstance(entry, dict):
+            raise CheckpointFormatError(f"{where}: header entry must be an object, found {type(entry).__name__}",
+                                        path=file)
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in DTYPE_BITS:
+            raise CheckpointFormatError(f"{where}: unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BITS)}",
+                                        path=file)
+        if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 2**53 for d in shape):
+            raise CheckpointFormatError(f"{where}: shape must be a list of non-negative integers, found {shape!r}",
+                                        path=file)
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise CheckpointFormatError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, "
+                                        f"found {offsets!r}", path=file)
+        shape_t = tuple(shape)
+        expected = _expected_nbytes(dtype, shape_t)
+        if offsets[1] - offsets[0] != expected:
+            raise CheckpointFormatError(
+                f"{where}: data_offsets span {offsets[1] - offsets[0]} bytes but dtype {dtype} x shape {shape} "
+                f"needs {expected}", path=file)
+        if data_size is not None and offsets[1] > data_size:
+            raise CheckpointFormatError(
+                f"{where}: data ends at byte {offsets[1]} of the data section, but the file holds only "
+                f"{data_size} data bytes (truncated file?)", path=file)
+        spans.append((offsets[0], offsets[1], name))
+        tensors[name] = TensorInfo(name, dtype, shape_t, file, base + offsets[0], expected)
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise CheckpointFormatError(f"tensors {n0!r} and {n1!r} overlap (bytes {b1}..{e0})", path=file)
+    return tensors, metadata
+
+
+def read_header(path: str | Path, *, name: str | None = None) -> tuple[dict[str, TensorInfo], dict]:
+    """Read a local safetensors file's header without touching its data.
+
+    Args:
+        path: the ``.safetensors`` file.
+        name: file name to record in each TensorInfo (default: the file's base name).
+
+    Returns:
+        ``(tensors by name, __metadata__)``, see :func:`parse_header_bytes`.
+
+    Raises:
+        CheckpointNotFoundError: the file does not exist.
+        CheckpointFormatError: shorter than 8 bytes, header length larger than the file or than 100 MB, or any
+            problem :func:`parse_header_bytes` finds.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointFormatError(f"file is {size} bytes, too short for a safetensors header "
+                                            "(needs at least 8)", path=path)
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES:
+                raise CheckpointFormatError(f"header length field says {n} bytes; refusing headers over "
+                                            f"{MAX_HEADER_BYTES} bytes (corrupt or hostile file)", path=path)
+            if 8 + n > size:
+                raise CheckpointFormatError(f"header length field says {n} bytes but the file has only "
+                                            f"{size - 8} bytes after it (truncated file?)", path=path)
+            raw = f.read(n)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError("safetensors file not found", path=path) from None
+    except IsADirectoryError:
+        raise CheckpointFormatError("expected a safetensors file, found a folder", path=path) from None
+    return parse_header_bytes(raw, file=name or path.name, data_size=size - 8 - n)
+
+
+def read_json(path: str | Path, what: str = "JSON file") -> dict:
+    """Read a JSON object from ``path``.
+
+    Raises:
+        CheckpointNotFoundError: missing file.
+        CheckpointFormatError: not UTF-8 / not JSON / not an object.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{what} not found", path=path) from None
+    except UnicodeDecodeError:
+        raise CheckpointFormatError(f"{what} is not valid UTF-8", path=path) from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointFormatError(f"{what} is not valid JSON: {str(exc)[:200]}", path=path) from None
+    if not isinstance(data, dict):
+        raise CheckpointFormatError(f"{what} must hold a JSON object, found {type(data).__name__}", path=path)
+    return data
+
+
+def _safe_member(folder: Path, rel: str, what: str) -> Path:
+    """Resolve ``rel`` inside ``folder``, refusing absolute paths, ``..`` and symlinks that leave the folder."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts or "\\" in rel:
+        raise UnsafeCheckpointError(f"{what} names {rel!r}, which is not a plain file name inside the checkpoint",
+                                    path=folder, hint="shard names must be relative paths without '..'")
+    path = folder / rel
+    root = folder.resolve()
+    real = path.resolve()
+    if root != real and root not in real.parents:
+        raise UnsafeCheckpointError(f"{what} {rel!r} is a link that resolves outside the checkpoint folder "
+                                    f"(to {real})", path=folder)
+    return path
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint's config and tensor headers, read without loading weights.
+
+    Attributes:
+        path: the folder (local) or ``hub:REPO@REV`` (remote).
+        config: parsed ``config.json`` (empty dict when the folder has none).
+        tensors: every tensor by name, with its shard file.
+        files: shard file names, in index order.
+        index: parsed ``model.safetensors.index.json`` or None.
+        metadata: ``__metadata__`` per shard file.
+        remote: True when headers came over HTTP (no local data access).
+    """
+
+    path: str
+    config: dict
+    tensors: dict[str, TensorInfo]
+    files: list[str]
+    index: dict | None = None
+    metadata: dict[str, dict] = field(default_factory=dict)
+    remote: bool = False
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of tensor data over all shards."""
+        return sum(t.nbytes for t in self.tensors.values())
+
+    @property
+    def num_parameters(self) -> int:
+        """Number of elements over all tensors."""
+        return sum(t.numel for t in self.tensors.values())
+
+    def dtypes(self) -> dict[str, int]:
+        """``{dtype code: number of tensors}``."""
+        out: dict[str, int] = {}
+        for t in self.tensors.values():
+            out[t.dtype] = out.get(t.dtype, 0) + 1
+        return out
+
+    def file_path(self, info: TensorInfo | str) -> Path:
+        """Local path of the shard holding a tensor (or of a shard file name)."""
+        if self.remote:
+            raise CheckpointFormatError("tensor data of a remote checkpoint is not available locally",
+                                        path=self.path)
+        return Path(self.path) / (info.file if isinstance(info, TensorInfo) else info)
+
+    def tensor_sha256(self, name: str) -> str:
+        """sha256 of one tensor's raw bytes, read in 8 MiB chunks straight from its shard (no torch).
+
+        Raises:
+            KeyError: no such tensor.
+        """
+        info = self.tensors[name]
+        h = hashlib.sha256()
+        with open(self.file_path(info), "rb") as f:
+            f.seek(info.start)
+            left = info.nbytes
+            while left:
+                chunk = f.read(min(left, 8 << 20))
+                if not chunk:
+                    raise CheckpointFormatError(f"tensor {name!r} is cut short by the end of the file",
+                                                path=self.file_path(info))
+                h.update(chunk)
+                left -= len(chunk)
+        return h.hexdigest()
+
+    def read_tensor(self, name: str):
+        """Load one tensor as a torch tensor (copies only that tensor's bytes into memory).
+
+        Returns:
+            ``torch.Tensor`` with the dtype and shape of the header.
+        """
+        from safetensors import safe_open
+
+        info = self.tensors[name]
+        with safe_open(str(self.file_path(info)), framework="pt") as f:
+            return f.get_tensor(name)
+
+
+def _pickle_weight_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()
+                  if p.is_file() and p.suffix in PICKLE_SUFFIXES and not p.name.startswith(TRAINING_STATE_PREFIXES))
+
+
+def open_checkpoint(path: str | Path, *, require_config: bool = True) -> Checkpoint:
+    """Index a local checkpoint folder (or a single ``.safetensors`` file) from its config and headers.
+
+    Args:
+        path: folder holding ``config.json`` plus ``model.safetensors`` / shards with
+            ``model.safetensors.index.json``, or one ``.safetensors`` file.
+        require_config: raise when ``config.json`` is missing.
+
+    Returns:
+        :class:`Checkpoint`.
+
+    Raises:
+        CheckpointNotFoundError: folder, config.json or a shard named by the index is missing; no safetensors file.
+        CheckpointFormatError: malformed config / index / header; a tensor in two shards; an index entry whose
+            shard does not hold that tensor.
+        UnsafeCheckpointError: the only weights are pickle files, or the index names paths outside the folder.
+    """
+    path = Path(path)
+    if path.is_file() and path.suffix == ".safetensors":
+        tensors, meta = read_header(path)
+        return Checkpoint(str(path.parent), {}, tensors, [path.name], None, {path.name: meta})
+    if not path.exists():
+        raise CheckpointNotFoundError("checkpoint folder does not exist", path=path)
+    if not path.is_dir():
+        raise CheckpointFormatError("expected a checkpoint folder or a .safetensors file", path=path)
+    config_path = path / "config.json"
+    if config_path.exists():
+        config = read_json(config_path, "config.json")
+    elif require_config:
+        raise CheckpointNotFoundError("config.json not found in the checkpoint folder", path=path,
+                                      hint="point at the folder that holds config.json and the safetensors files")
+    else:
+        config = {}
+    index = None
+    index_path = path / INDEX_NAME
+    if index_path.exists():
+        index = read_json(index_path, INDEX_NAME)
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointFormatError(f"{INDEX_NAME}: `weight_map` must map tensor names to shard file names",
+                                        path=index_path)
+        files = list(dict.fromkeys(weight_map.values()))
+    else:
+        weight_map = None
+        files = sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file())
+    if not files:
+        pickles = _pickle_weight_files(path)
+        if pickles:
+            raise UnsafeCheckpointError(
+                f"the only weights here are pickle files ({', '.join(pickles)}); dsparkhub does not unpickle "
+                "weights because loading a pickle can run arbitrary code", path=path,
+                hint="convert them to safetensors first (e.g. torch.load(..., weights_only=True) then "
+                     "safetensors.torch.save_file), or pass --allow-pickle where the command offers it")
+        raise CheckpointNotFoundError("no safetensors weights found in the checkpoint folder", path=path)
+    tensors: dict[str, TensorInfo] = {}
+    metadata: dict[str, dict] = {}
+    for fname in files:
+        fpath = _safe_member(path, fname, INDEX_NAME if weight_map is not None else "shard")
+        if not fpath.exists():
+            raise CheckpointNotFoundError(f"shard {fname!r} named by {INDEX_NAME} is missing", path=path)
+        shard_tensors, meta = read_header(fpath, name=fname)
+        metadata[fname] = meta
+        for name, info in shard_tensors.items():
+            if name in tensors:
+                raise CheckpointFormatError(f"tensor {name!r} appears in both {tensors[name].file!r} and "
+                                            f"{fname!r}", path=path)
+            tensors[name] = info
+    if weight_map is not None:
+        for name, fname in weight_map.items():
+            if name not in tensors or tensors[name].file != fname:
+                raise CheckpointFormatError(f"{INDEX_NAME} maps tensor {name!r} to {fname!r}, but that shard does "
+                                            "not hold it", path=index_path)
+        extra = sorted(set(tensors) - set(weight_map))
+        if extra:
+            raise CheckpointFormatError(f"shards hold tensors the index does not list: {extra[:5]}",
+                                        path=index_path)
+    return Checkpoint(str(path), config, tensors, files, index, metadata)
+
+
+def resolve_step_dir(path: str | Path) -> Path:
+    """Resolve a DeepSpec run folder to its newest step folder by following ``step_latest``.
+
+    A folder that holds ``config.json`` is returned unchanged. A run folder (holding ``step_<N>`` folders) must
+    have a ``step_latest`` link (DeepSpec ``ckpt_manager.py``) whose target exists.
+
+    Raises:
+        CheckpointNotFoundError: missing folder, or ``step_latest`` missing / dangling.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointNotFoundError("path does not exist", path=path)
+    if (path / "config.json").exists() or path.is_file():
+        return path
+    latest = path / "step_latest"
+    steps = sorted(p.name for p in path.glob("step_*") if p.name != "step_latest")
+    if latest.is_symlink() or latest.exists():
+        if not latest.exists():
+            raise CheckpointNotFoundError(f"`step_latest` points to {os.readlink(latest)!r}, which does not exist",
+                                          path=path, hint=f"pass one of the step folders directly: {steps[-3:]}")
+        return latest.resolve()
+    if steps:
+        raise CheckpointNotFoundError("this looks like a DeepSpec run folder but it has no `step_latest` link",
+                                      path=path, hint=f"pass a step folder directly, e.g. {path / steps[-1]}")
+    return path

@@ -1,0 +1,63 @@
+"""File hashing for provenance, results fingerprints and push comparisons.
+
+sha256 over file bytes in 8 MiB chunks; several files are hashed in parallel threads (hashlib releases the GIL on
+large buffers, so two cores are used). A checkpoint *fingerprint* identifies a drafter independently of where it
+lies: the sha256 of the sorted ``name sha256`` lines of its config and weight files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+CHUNK = 8 << 20
+FINGERPRINT_FILES = ("config.json",)
+FINGERPRINT_SUFFIXES = (".safetensors",)
+
+
+def sha256_file(path: str | Path) -> str:
+    """Return the hex sha256 of the file's bytes.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+    """
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def sha256_files(paths: list[str | Path], workers: int | None = None) -> dict[str, str]:
+    """Hash several files in parallel; returns ``{str(path): hex sha256}`` in input order."""
+    paths = [str(p) for p in paths]
+    workers = workers or min(len(paths), os.cpu_count() or 1) or 1
+    if workers == 1 or len(paths) <= 1:
+        return {p: sha256_file(p) for p in paths}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(paths, pool.map(sha256_file, paths)))
+
+
+def fingerprint_files(folder: str | Path) -> list[Path]:
+    """The files that define a drafter: ``config.json`` and every ``*.safetensors`` directly in ``folder``."""
+    folder = Path(folder)
+    return sorted(p for p in folder.iterdir()
+                  if p.is_file() and (p.name in FINGERPRINT_FILES or p.name.endswith(FINGERPRINT_SUFFIXES)))
+
+
+def checkpoint_fingerprint(folder: str | Path) -> str:
+    """sha256 over ``"<file name> <sha256>\\n"`` lines of :func:`fingerprint_files`, sorted by name.
+
+    Two folders holding the same config and weights have the same fingerprint wherever they lie.
+
+    Raises:
+        FileNotFoundError: ``folder`` does not exist.
+    """
+    files = fingerprint_files(folder)
+    hashes = sha256_files(files)
+    lines = "".join(f"{p.name} {hashes[str(p)]}\n" for p in files)
+    return hashlib.sha256(lines.encode()).hexdigest()

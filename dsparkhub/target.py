@@ -1,0 +1,109 @@
+"""The target (verifier) as ``validate`` and ``convert`` see it: geometry and its embedding / LM-head tensors,
+from ``config.json`` and safetensors headers only.
+
+A target is named by a local HF folder, or a Hub repo id (``ns/name[@revision]``, headers fetched with HTTP range
+requests by ``dsparkhub.hub``; never the weights). Multimodal wrappers (``text_config``: Kimi-K2.5 ``kimi_k25``,
+Gemma4) are read through their text config.
+
+Does not: load weights (the reference engine does that, in ``dsparkhub.verify.reference``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checkpoint import Checkpoint, TensorInfo, open_checkpoint
+from .errors import CheckpointNotFoundError, IncompatibleTargetError
+
+#: embedding / LM-head tensor names seen in target checkpoints, most common first (HF Qwen3/Gemma4,
+#: multimodal wrappers, DeepSeek-V4 native names ``embed.weight`` / ``head.weight``).
+EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
+               "language_model.model.embed_tokens.weight", "embed_tokens.weight", "embed.weight")
+HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight", "head.weight")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+
+
+@dataclass
+class TargetSpec:
+    """What the drafter must agree with.
+
+    Attributes:
+        source: local folder or Hub repo id as given.
+        checkpoint: headers of the target's weights.
+        config: the text model's config (``text_config`` merged over the top level for wrappers).
+        model_type: text model type (``qwen3``, ``deepseek_v4``, ``kimi_k2``, ...).
+        hidden_size: Ht.
+        num_hidden_layers: decoder layers (the valid target layer ids are -1 .. L-1; L-1 is refused).
+        vocab_size: V.
+        embed: the input embedding's header ([V, Ht]), if found.
+        lm_head: the LM head's header ([V, Ht]); the embedding when tied.
+        tied: ``tie_word_embeddings``.
+    """
+
+    source: str
+    checkpoint: Checkpoint
+    config: dict
+    model_type: str | None
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+    embed: TensorInfo | None
+    lm_head: TensorInfo | None
+    tied: bool
+
+    @property
+    def local(self) -> bool:
+        """Whether tensor bytes can be read (False for Hub targets)."""
+        return not self.checkpoint.remote
+
+
+def text_config(config: dict) -> dict:
+    """``config`` with ``text_config`` (if any) merged over it, the way wrappers nest their language model."""
+    inner = config.get("text_config")
+    return {**config, **inner} if isinstance(inner, dict) else dict(config)
+
+
+def target_from_checkpoint(ckpt: Checkpoint, source: str) -> TargetSpec:
+    """Build a :class:`TargetSpec` from an indexed checkpoint.
+
+    Raises:
+        IncompatibleTargetError: the config lacks integer hidden_size / num_hidden_layers / vocab_size.
+    """
+    cfg = text_config(ckpt.config)
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size") if type(cfg.get(k)) is not int]
+    if missing:
+        raise IncompatibleTargetError(f"target config.json lacks integer {', '.join(missing)}",
+                                      path=f"{source}/config.json")
+    embed = next((ckpt.tensors[n] for n in EMBED_NAMES if n in ckpt.tensors), None)
+    tied = bool(cfg.get("tie_word_embeddings", ckpt.config.get("tie_word_embeddings", False)))
+    head = next((ckpt.tensors[n] for n in HEAD_NAMES if n in ckpt.tensors), None)
+    if head is None and tied:
+        head = embed
+    return TargetSpec(source, ckpt, cfg, cfg.get("model_type"), cfg["hidden_size"], cfg["num_hidden_layers"],
+                      cfg["vocab_size"], embed, head, tied)
+
+
+def open_target(source: str | Path) -> TargetSpec:
+    """Open a target from a local HF folder or a Hub repo id, reading config and headers only.
+
+    Args:
+        source: folder path, or ``namespace/name[@revision]`` on the Hub.
+
+    Raises:
+        CheckpointNotFoundError: neither a local folder nor a repo id.
+        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub``).
+        CheckpointFormatError / IncompatibleTargetError: malformed config or headers.
+    """
+    source = str(source)
+    path = Path(source)
+    if path.exists():
+        return target_from_checkpoint(open_checkpoint(path), source)
+    if _REPO_ID.match(source) and not source.startswith((".", "/")):
+        from .hub import remote_checkpoint
+
+        repo, _, revision = source.partition("@")
+        return target_from_checkpoint(remote_checkpoint(repo, revision=revision or None), source)
+    raise CheckpointNotFoundError("target is neither a local folder nor a Hub repo id (namespace/name)",
+                                  path=source)

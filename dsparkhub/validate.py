@@ -1,0 +1,363 @@
+"""Static checks of a drafter against its target and vLLM 0.32's contract, from configs and safetensors headers.
+
+Every check adds :class:`Finding`\\ s to one :class:`ValidationReport`; nothing stops at the first problem. Each
+finding has a stable code (the table :data:`CODES`), a severity, the file / tensor / key it is about, what was
+expected and what was found, and a hint. Sources of the rules: FORMATS.md §1, reference/vllm_dspark_contract.md
+(vLLM 0.32 ``qwen3_dspark.py`` load_weights, ``config/speculative.py``, ``spec_decode/utils.py``), DeepSpec
+``validate_target_layer_ids`` / ``assert_no_final_target_layer``.
+
+Does not: read tensor data (the only exception is ``d2t``, a [Vd] int64 table, whose values must be checked), or
+run any model (``dsparkhub.verify``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .recipes import OpenedDraft, open_draft
+from .spec import ANCHOR_FIRST, DraftSpec
+from .target import TargetSpec, open_target
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
+
+#: every finding code, its severity and what it means.
+CODES: dict[str, tuple[str, str]] = {
+    "DSH101": (ERROR, "a config key vLLM 0.32 needs for this drafter is missing"),
+    "DSH102": (ERROR, "mask token missing or outside the drafter's input vocab"),
+    "DSH103": (ERROR, "target layer ids not strictly increasing / duplicated"),
+    "DSH104": (ERROR, "block size not a positive integer"),
+    "DSH105": (ERROR, "Markov head type other than vanilla (vLLM 0.32 runs only the vanilla head)"),
+    "DSH106": (WARNING, "sample_from_anchor not written explicitly (vLLM's default differs between readers)"),
+    "DSH107": (WARNING, "drafter path contains a substring vLLM uses to guess another method"),
+    "DSH108": (WARNING, "confidence head tensors shipped but the config does not enable the head (vLLM drops them)"),
+    "DSH201": (ERROR, "a tensor the drafter needs is missing (vLLM would leave it uninitialised, silently)"),
+    "DSH202": (ERROR, "a tensor vLLM does not know (vLLM raises on load)"),
+    "DSH203": (ERROR, "a tensor's shape disagrees with the drafter's config"),
+    "DSH204": (ERROR, "fc input width is not (number of target layers) x (target hidden size)"),
+    "DSH205": (ERROR, "reduced draft vocab without lm_head / d2t, or d2t values out of range"),
+    "DSH206": (WARNING, "mixed floating dtypes across the drafter's weights"),
+    "DSH301": (ERROR, "hidden size differs from the target's"),
+    "DSH302": (ERROR, "vocab size differs from the target's"),
+    "DSH303": (ERROR, "target layer id outside the target's layers"),
+    "DSH304": (ERROR, "target layer ids include the target's last layer (HF returns it normed)"),
+    "DSH305": (ERROR, "embedding / LM-head copy has another shape or dtype than the target's"),
+    "DSH306": (ERROR, "the drafter records a different number of target layers than the target has"),
+    "DSH307": (WARNING, "the target's embedding or LM head could not be found in its headers"),
+    "DSH401": (WARNING, "num_speculative_tokens larger than what one block was trained to propose"),
+    "DSH402": (INFO, "num_speculative_tokens smaller than what one block proposes"),
+}
+
+
+@dataclass
+class Finding:
+    """One problem (or fact) found by :func:`validate`.
+
+    Attributes:
+        code: stable code, see :data:`CODES`.
+        severity: ``"error"`` | ``"warning"`` | ``"info"``.
+        message: one sentence naming the object.
+        location: file, ``tensor NAME`` or ``key NAME``.
+        expected: expected value, as text (may be empty).
+        found: found value, as text (may be empty).
+        hint: how to fix it.
+    """
+
+    code: str
+    severity: str
+    message: str
+    location: str = ""
+    expected: str = ""
+    found: str = ""
+    hint: str = ""
+
+
+@dataclass
+class ValidationReport:
+    """All findings of one ``validate`` run, sorted by severity then code.
+
+    Attributes:
+        draft: drafter path.
+        target: target source (None when validated without one).
+        layout: detected layout name.
+        findings: every finding.
+        spec: the drafter's description (JSON summary).
+    """
+
+    draft: str
+    target: str | None
+    layout: str
+    findings: list[Finding] = field(default_factory=list)
+    spec: dict = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[Finding]:
+        """Findings of severity error."""
+        return [f for f in self.findings if f.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        """Findings of severity warning."""
+        return [f for f in self.findings if f.severity == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        """True when there is no error (warnings allowed)."""
+        return not self.errors
+
+    @property
+    def codes(self) -> set[str]:
+        """Codes of all findings."""
+        return {f.code for f in self.findings}
+
+    def to_dict(self) -> dict:
+        """JSON-friendly report (what ``validate --json`` prints)."""
+        return {"draft": self.draft, "target": self.target, "layout": self.layout, "ok": self.ok,
+                "errors": len(self.errors), "warnings": len(self.warnings),
+                "findings": [asdict(f) for f in self.findings]}
+
+
+class _Collector:
+    def __init__(self):
+        self.items: list[Finding] = []
+
+    def add(self, code: str, message: str, *, location="", expected="", found="", hint=""):
+        self.items.append(Finding(code, CODES[code][0], message, location, str(expected), str(found), hint))
+
+
+def expected_tensor_shapes(spec: DraftSpec) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """The tensors a Qwen3-backbone drafter must ship, with shapes, and the names it may ship.
+
+    Follows vLLM 0.32 ``qwen3_dflash.py`` / ``qwen3_dspark.py`` (module tree and ``load_weights``) and DeepSpec's
+    ``Qwen3DSparkModel``. Shapes in FORMATS.md symbols: q ``[nh*hd, H]``, k/v ``[nkv*hd, H]``, o ``[H, nh*hd]``,
+    norms ``[H]`` / ``[hd]``, MLP ``[I, H]`` / ``[H, I]``, ``fc`` ``[H, A*Ht]``, Markov ``[V, r]`` / ``[Vd, r]``,
+    confidence ``[1, H(+r)]`` + ``[1]``, embed ``[V, H]``, lm_head ``[Vd, H]``, d2t ``[Vd]``.
+
+    Returns:
+        ``(required name -> shape, optional names)``; optional ones are checked for shape when present.
+    """
+    c = spec.decoder_config
+    H, V, Vd, r = spec.hidden_size, spec.vocab_size, spec.draft_vocab_size, spec.markov_rank
+    nh = c.get("num_attention_heads") or 1
+    nkv = c.get("num_key_value_heads") or nh
+    hd = c.get("head_dim") or H // nh
+    inter = c.get("intermediate_size") or 4 * H
+    req: dict[str, tuple[int, ...]] = {}
+    for i in range(spec.num_layers):
+        p = f"layers.{i}."
+        req[p + "self_attn.q_proj.weight"] = (nh * hd, H)
+        req[p + "self_attn.k_proj.weight"] = (nkv * hd, H)
+        req[p + "self_attn.v_proj.weight"] = (nkv * hd, H)
+        req[p + "self_attn.o_proj.weight"] = (H, nh * hd)
+        req[p + "self_attn.q_norm.weight"] = (hd,)
+        req[p + "self_attn.k_norm.weight"] = (hd,)
+        req[p + "mlp.gate_proj.weight"] = (inter, H)
+        req[p + "mlp.up_proj.weight"] = (inter, H)
+        req[p + "mlp.down_proj.weight"] = (H, inter)
+        req[p + "input_layernorm.weight"] = (H,)
+        req[p + "post_attention_layernorm.weight"] = (H,)
+        if c.get("attention_bias"):
+            req[p + "self_attn.q_proj.bias"] = (nh * hd,)
+            req[p + "self_attn.k_proj.bias"] = (nkv * hd,)
+            req[p + "self_attn.v_proj.bias"] = (nkv * hd,)
+    req["fc.weight"] = (H, len(spec.target_layer_ids) * spec.target_hidden_size)
+    req["hidden_norm.weight"] = (H,)
+    req["norm.weight"] = (H,)
+    optional = {"embed_tokens.weight": (V, H), "lm_head.weight": (Vd, H)}
+    if spec.variant == "dspark":
+        req["markov_head.markov_w1.weight"] = (V, r)
+        req["markov_head.markov_w2.weight"] = (Vd, r)
+        if spec.confidence_head:
+            req["confidence_head.proj.weight"] = (1, H + (r if spec.confidence_head_with_markov else 0))
+            req["confidence_head.proj.bias"] = (1,)
+    if Vd != V:
+        req["d2t"] = (Vd,)
+        req["lm_head.weight"] = (Vd, H)
+    shapes = {**optional, **req}
+    return shapes, set(optional) - set(req)
+
+
+def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
+    spec, cfg = d.spec, d.checkpoint.config
+    cfg_file = str(Path(d.checkpoint.path) / "config.json")
+    if spec.block_size <= 0:
+        out.add("DSH104", "block size must be a positive integer", location=cfg_file, expected="> 0",
+                found=spec.block_size)
+    if spec.variant == "dspark" and "markov_rank" not in cfg and d.recipe.name in ("vllm", "deepspec"):
+        out.add("DSH101", "config key `markov_rank` is missing (vLLM 0.32 qwen3_dspark.py reads it unconditionally)",
+                location=f"{cfg_file} key markov_rank", hint="add the Markov rank r (markov_w1 is [V, r])")
+    if spec.mask_token_id is None:
+        out.add("DSH102", "no mask token: vLLM needs one of dflash_config.mask_token_id, mask_token_id, "
+                "dspark_noise_token_id, pard_token, ptd_token_id", location=cfg_file,
+                hint="set mask_token_id to the token the drafter was trained with in the masked slots")
+    elif not 0 <= spec.mask_token_id < spec.vocab_size:
+        out.add("DSH102", "mask token id is outside the drafter's input vocab", location=f"{cfg_file} key mask_token_id",
+                expected=f"0 <= id < {spec.vocab_size}", found=spec.mask_token_id)
+    ids = spec.target_layer_ids
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        out.add("DSH103", "target layer ids must be strictly increasing without duplicates",
+                location=f"{cfg_file} key target_layer_ids", found=ids)
+    if spec.variant == "dspark" and spec.markov_head_type not in (None, "vanilla"):
+        out.add("DSH105", f"Markov head type {spec.markov_head_type!r}: vLLM 0.32 implements only the vanilla "
+                "low-rank head and would fail on its extra tensors", location=f"{cfg_file} key markov_head_type",
+                expected="vanilla", found=spec.markov_head_type)
+    if d.recipe.name == "vllm" and spec.variant == "dspark" and "sample_from_anchor" not in cfg:
+        out.add("DSH106", "sample_from_anchor is implicit; vLLM's native reader defaults it to true, its "
+                "speculators reader to false", location=cfg_file, hint="write it explicitly (dsparkhub convert does)")
+    lowered = str(d.checkpoint.path).lower()
+    sniff = next((s for s in ("eagle-", "eagle3", "dflash") if s in lowered), None)
+    if sniff and spec.variant == "dspark":
+        out.add("DSH107", f"the drafter path contains {sniff!r}: if `method` is not passed, vLLM 0.32 loads it as "
+                "that method, not DSpark", location=str(d.checkpoint.path),
+                hint='always pass "method": "dspark" in --speculative-config, or rename the folder')
+
+    shapes, optional = expected_tensor_shapes(spec)
+    present = spec.tensors
+    for name, shape in shapes.items():
+        if name not in present:
+            if name not in optional:
+                out.add("DSH201", f"tensor {name!r} is missing", location=f"tensor {name}", expected=list(shape),
+                        hint="vLLM 0.32 does not report missing DSpark tensors; the drafter would run on "
+                             "uninitialised memory")
+            continue
+        found = present[name].shape
+        if found != shape:
+            if name == "fc.weight":
+                A = len(spec.target_layer_ids)
+                out.add("DSH204", f"tensor `fc.weight` has shape {list(found)}, expected {list(shape)} = "
+                        f"[H, {A} target layers x target hidden {spec.target_hidden_size}]",
+                        location="tensor fc.weight", expected=list(shape), found=list(found),
+                        hint=f"the drafter's target_layer_ids has {A} entries: {spec.target_layer_ids}")
+            else:
+                out.add("DSH203", f"tensor {name!r} has shape {list(found)}, expected {list(shape)}",
+                        location=f"tensor {name}", expected=list(shape), found=list(found))
+    confidence = {"confidence_head.proj.weight", "confidence_head.proj.bias"}
+    for name in sorted(set(present) - set(shapes)):
+        if name in confidence and not spec.confidence_head:
+            out.add("DSH108", f"tensor {name!r} ships but enable_confidence_head is false; vLLM drops it",
+                    location=f"tensor {name}", hint="set enable_confidence_head: true, or drop the tensor")
+        else:
+            out.add("DSH202", f"tensor {name!r} is not part of a {spec.family} {spec.variant} drafter with "
+                    f"{spec.num_layers} layers", location=f"tensor {name}",
+                    hint="vLLM 0.32 raises `There is no module or parameter named ...` on it")
+    if spec.draft_vocab_size != spec.vocab_size and "d2t" in present and d.checkpoint.tensors:
+        _check_d2t(d, out)
+    floats = {t.dtype for n, t in present.items() if t.dtype in ("F16", "BF16", "F32") and n != "d2t"
+              and not n.startswith("confidence_head")}
+    if len(floats) > 1:
+        out.add("DSH206", f"weights mix floating dtypes {sorted(floats)}", found=sorted(floats),
+                hint="vLLM casts to one dtype at load; make sure the lossy direction is intended")
+    if n is not None:
+        p = spec.proposals_per_block
+        if n > p:
+            out.add("DSH401", f"num_speculative_tokens {n} exceeds the {p} tokens one trained block proposes "
+                    f"({spec.block_layout}, block size {spec.block_size}); the extra positions were never trained",
+                    expected=f"<= {p}", found=n)
+        elif n < p:
+            out.add("DSH402", f"num_speculative_tokens {n} is below the {p} tokens a block was trained to "
+                    "propose (allowed by vLLM 0.32)", expected=p, found=n)
+
+
+def _check_d2t(d: OpenedDraft, out: _Collector) -> None:
+    spec = d.spec
+    name = spec.source_names.get("d2t", "d2t")
+    info = d.checkpoint.tensors[name]
+    if info.dtype != "I64":
+        out.add("DSH205", "d2t must be int64 offsets (target_id = draft_id + d2t[draft_id])",
+                location="tensor d2t", expected="I64", found=info.dtype)
+        return
+    if d.checkpoint.remote:
+        return
+    import torch
+
+    d2t = d.checkpoint.read_tensor(name)
+    targets = torch.arange(d2t.numel()) + d2t.reshape(-1)
+    bad = ((targets < 0) | (targets >= spec.vocab_size)).nonzero().flatten()
+    if bad.numel():
+        i = int(bad[0])
+        out.add("DSH205", f"d2t maps draft id {i} to target id {int(targets[i])}, outside the vocab",
+                location="tensor d2t", expected=f"0 <= id < {spec.vocab_size}", found=int(targets[i]))
+    elif torch.unique(targets).numel() != targets.numel():
+        out.add("DSH205", "d2t maps two draft ids to the same target id", location="tensor d2t")
+
+
+def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
+    spec = d.spec
+    cfg_file = str(Path(d.checkpoint.path) / "config.json")
+    if spec.target_hidden_size != t.hidden_size:
+        out.add("DSH301", "the drafter was built for a target with another hidden size",
+                location=f"{cfg_file} key target_hidden_size/hidden_size", expected=t.hidden_size,
+                found=spec.target_hidden_size, hint=f"is {t.source} the target this drafter was trained on?")
+    if spec.vocab_size != t.vocab_size:
+        out.add("DSH302", "the drafter's input vocab differs from the target's", location=f"{cfg_file} key vocab_size",
+                expected=t.vocab_size, found=spec.vocab_size, hint=f"is {t.source} the right target?")
+    if spec.draft_vocab_size > t.vocab_size:
+        out.add("DSH205", "draft vocab larger than the target vocab", location=f"{cfg_file} key draft_vocab_size",
+                expected=f"<= {t.vocab_size}", found=spec.draft_vocab_size)
+    L = t.num_hidden_layers
+    ids = spec.target_layer_ids
+    outside = [i for i in ids if not -1 <= i < L]
+    if outside:
+        hint = ""
+        if max(ids) == L and all(-1 <= i - 1 < L for i in ids):
+            hint = (f"ids {ids} look like hidden-state indices (layer index + 1); in layer-index numbering "
+                    f"they are {[i - 1 for i in ids]}")
+        out.add("DSH303", f"target layer ids {outside} are outside the target's {L} layers",
+                location=f"{cfg_file} key target_layer_ids", expected=f"-1 <= id <= {L - 2}", found=ids,
+                hint=hint or "layer ids are 0-based decoder-layer indices")
+    elif L - 1 in ids:
+        out.add("DSH304", f"target layer id {L - 1} is the target's last layer, whose HF hidden state is already "
+                "normed (DeepSpec refuses it)", location=f"{cfg_file} key target_layer_ids",
+                expected=f"<= {L - 2}", found=ids,
+                hint="if these are hidden-state indices, subtract 1 from each" if min(ids) >= 1 else "")
+    if spec.num_target_layers is not None and spec.layout in ("deepspec", "vllm", "zlab-dflash") \
+            and spec.num_target_layers != L:
+        out.add("DSH306", "the drafter records a target with another number of layers",
+                location=f"{cfg_file} key num_target_layers", expected=L, found=spec.num_target_layers,
+                hint=f"is {t.source} the target this drafter was trained on?")
+    for own, ref, label in (("embed_tokens.weight", t.embed, "embedding"), ("lm_head.weight", t.lm_head, "LM head")):
+        if ref is None:
+            out.add("DSH307", f"the target's {label} tensor was not found in its headers; copies not compared",
+                    location=t.source)
+            continue
+        mine = spec.tensors.get(own)
+        if mine is None or (own == "lm_head.weight" and spec.draft_vocab_size != spec.vocab_size):
+            continue
+        if mine.shape != ref.shape or mine.dtype != ref.dtype:
+            out.add("DSH305", f"the drafter's {own} is {mine.dtype} {list(mine.shape)}, the target's {ref.name} is "
+                    f"{ref.dtype} {list(ref.shape)}", location=f"tensor {own}",
+                    expected=f"{ref.dtype} {list(ref.shape)}", found=f"{mine.dtype} {list(mine.shape)}")
+
+
+def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None = None, *,
+             num_speculative_tokens: int | None = None, layout: str | None = None) -> ValidationReport:
+    """Check a drafter against vLLM 0.32's contract and, when given, its target — headers and configs only.
+
+    Args:
+        draft: drafter folder in any known layout (or an already opened one).
+        target: local HF folder, Hub repo id, or an opened :class:`TargetSpec`; None skips the target checks.
+        num_speculative_tokens: the n you intend to serve with, checked against the block size.
+        layout: force the drafter's layout instead of detecting it.
+
+    Returns:
+        :class:`ValidationReport` with every finding; ``report.ok`` is False when any finding is an error.
+
+    Raises:
+        dsparkhub.errors.DsparkhubError subclasses when the drafter or target cannot be read at all
+        (missing folder, malformed safetensors or config, unknown layout).
+    """
+    d = draft if isinstance(draft, OpenedDraft) else open_draft(draft, layout=layout)
+    t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
+    out = _Collector()
+    _check_intrinsic(d, out, num_speculative_tokens)
+    if t is not None:
+        _check_target(d, t, out)
+    findings = sorted(out.items, key=lambda f: (_ORDER[f.severity], f.code, f.location))
+    return ValidationReport(str(d.checkpoint.path), None if t is None else t.source, d.recipe.name, findings,
+                            d.spec.summary())
+
+
+def anchor_first(spec: DraftSpec) -> bool:
+    """Whether the drafter's block is ``[anchor, mask x (B-1)]`` with B predictions."""
+    return spec.block_layout == ANCHOR_FIRST
