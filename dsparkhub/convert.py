@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .errors import ConversionRefusedError, ValidationFailedError
+from .errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
 from .hashing import sha256_file, sha256_files
 from .recipes import OpenedDraft, Recipe, block_layout_of, get_recipe, open_draft, write_config
 from .target import TargetSpec, open_target
@@ -144,6 +144,12 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             f"the drafter is {spec.block_layout} (block size {spec.block_size}, {spec.proposals_per_block} proposals "
             f"per block) but layout {recipe.name!r} can only express {sorted(block_layout_of(recipe))}; writing it "
             "would shift every draft slot by one and acceptance would collapse to about 1", path=d.checkpoint.path)
+    variants = (recipe.data.get("write") or {}).get("variants") or [spec.variant]
+    if spec.variant not in variants:
+        raise ConversionRefusedError(
+            f"layout {recipe.name!r} holds {'/'.join(variants)} drafters, but this one is {spec.variant} "
+            f"(markov rank {spec.markov_rank})", path=d.checkpoint.path,
+            hint="choose an output layout for this variant with --to (dsparkhub inspect shows the variant)")
     config = write_config(spec, recipe)
     decisions: list[TensorDecision] = []
     for name in sorted(spec.tensors, key=_tensor_order):
@@ -200,8 +206,6 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     """
     out = Path(out)
     if out.exists() and not overwrite:
-        from .errors import OutputExistsError
-
         raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
     plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings)
     d = plan.draft

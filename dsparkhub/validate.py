@@ -24,7 +24,7 @@ _ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 
 #: every finding code, its severity and what it means.
 CODES: dict[str, tuple[str, str]] = {
-    "DSH101": (ERROR, "a config key vLLM 0.32 needs for this drafter is missing"),
+    "DSH101": (ERROR, "Markov head tensors ship but the config has no markov_rank"),
     "DSH102": (ERROR, "mask token missing or outside the drafter's input vocab"),
     "DSH103": (ERROR, "target layer ids not strictly increasing / duplicated"),
     "DSH104": (ERROR, "block size not a positive integer"),
@@ -184,9 +184,12 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
     if spec.block_size <= 0:
         out.add("DSH104", "block size must be a positive integer", location=cfg_file, expected="> 0",
                 found=spec.block_size)
-    if spec.variant == "dspark" and "markov_rank" not in cfg and d.recipe.name in ("vllm", "deepspec"):
-        out.add("DSH101", "config key `markov_rank` is missing (vLLM 0.32 qwen3_dspark.py reads it unconditionally)",
-                location=f"{cfg_file} key markov_rank", hint="add the Markov rank r (markov_w1 is [V, r])")
+    w1 = spec.tensors.get("markov_head.markov_w1.weight")
+    if spec.markov_rank == 0 and w1 is not None:
+        out.add("DSH101", "Markov head tensors ship but the config gives no Markov rank (vLLM 0.32 qwen3_dspark.py "
+                "reads `markov_rank` unconditionally)", location=f"{cfg_file} key markov_rank",
+                expected=f"markov_rank: {w1.shape[-1]} (markov_w1 is {list(w1.shape)})", found="absent or 0",
+                hint="add markov_rank to config.json")
     if spec.mask_token_id is None:
         out.add("DSH102", "no mask token: vLLM needs one of dflash_config.mask_token_id, mask_token_id, "
                 "dspark_noise_token_id, pard_token, ptd_token_id", location=cfg_file,
@@ -202,9 +205,11 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
         out.add("DSH105", f"Markov head type {spec.markov_head_type!r}: vLLM 0.32 implements only the vanilla "
                 "low-rank head and would fail on its extra tensors", location=f"{cfg_file} key markov_head_type",
                 expected="vanilla", found=spec.markov_head_type)
-    if d.recipe.name == "vllm" and spec.variant == "dspark" and "sample_from_anchor" not in cfg:
-        out.add("DSH106", "sample_from_anchor is implicit; vLLM's native reader defaults it to true, its "
-                "speculators reader to false", location=cfg_file, hint="write it explicitly (dsparkhub convert does)")
+    if spec.variant == "dspark" and "sample_from_anchor" not in cfg and d.recipe.name not in ("speculators",):
+        out.add("DSH106", f"sample_from_anchor is implicit; this {spec.block_layout} drafter relies on vLLM's native "
+                "default (true), while vLLM's speculators reader defaults it to false", location=cfg_file,
+                expected=f"sample_from_anchor: {str(spec.block_layout == ANCHOR_FIRST).lower()}", found="absent",
+                hint="`dsparkhub convert` writes it explicitly")
     lowered = str(d.checkpoint.path).lower()
     sniff = next((s for s in ("eagle-", "eagle3", "dflash") if s in lowered), None)
     if sniff and spec.variant == "dspark":
@@ -357,7 +362,3 @@ def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | 
     return ValidationReport(str(d.checkpoint.path), None if t is None else t.source, d.recipe.name, findings,
                             d.spec.summary())
 
-
-def anchor_first(spec: DraftSpec) -> bool:
-    """Whether the drafter's block is ``[anchor, mask x (B-1)]`` with B predictions."""
-    return spec.block_layout == ANCHOR_FIRST

@@ -1,0 +1,201 @@
+"""Every validate finding fires on a checkpoint built to trigger it, and stays silent on a clean conversion."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dsparkhub.cli import main
+from dsparkhub.convert import convert
+from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
+from dsparkhub.validate import CODES, validate
+
+
+@pytest.fixture
+def target(tmp_path):
+    return make_qwen3_target(tmp_path / "target")
+
+
+@pytest.fixture
+def clean(tmp_path, target):
+    run = make_deepspec_drafter(tmp_path / "run", target)
+    return convert(run, tmp_path / "clean", target).out
+
+
+def _drafter(tmp_path, target, name="run", **kw):
+    return make_deepspec_drafter(tmp_path / name, target, **kw)
+
+
+def test_clean_conversion_has_no_findings(clean, target):
+    report = validate(clean, target, num_speculative_tokens=7)
+    assert report.findings == []
+    assert report.ok and report.layout == "vllm"
+
+
+def _edit_config(folder, **changes):
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    path.write_text(json.dumps(cfg))
+    return folder
+
+
+# each case: (code, builder(tmp_path, target) -> (draft path, target path, n))
+def _case_101(tmp, t):
+    return _drafter(tmp, t, config_overrides={"markov_rank": 0}), t, None
+
+
+def _case_102(tmp, t):
+    return _drafter(tmp, t, mask_token_id=128), t, None
+
+
+def _case_103(tmp, t):
+    return _drafter(tmp, t, target_layer_ids=(2, 1, 0)), t, None
+
+
+def _case_104(tmp, t):
+    return _drafter(tmp, t, block_size=0), t, None
+
+
+def _case_105(tmp, t):
+    return _drafter(tmp, t, config_overrides={"markov_head_type": "gated"}), t, None
+
+
+def _case_106(tmp, t):
+    return _drafter(tmp, t), t, None
+
+
+def _case_107(tmp, t):
+    return _drafter(tmp, t, name="qwen3-dflash-run"), t, None
+
+
+def _case_108(tmp, t):
+    return _drafter(tmp, t, config_overrides={"enable_confidence_head": False}), t, None
+
+
+def _case_201(tmp, t):
+    return _drafter(tmp, t, drop=("layers.1.mlp.down_proj.weight",)), t, None
+
+
+def _case_202(tmp, t):
+    return _drafter(tmp, t, tensor_overrides={"model.fc.weight": torch.zeros(2, 2)}), t, None
+
+
+def _case_203(tmp, t):
+    return _drafter(tmp, t, tensor_overrides={"layers.0.self_attn.q_proj.weight": torch.zeros(16, 32)}), t, None
+
+
+def _case_204(tmp, t):
+    return _drafter(tmp, t, tensor_overrides={"fc.weight": torch.zeros(32, 64, dtype=torch.bfloat16)}), t, None
+
+
+def _case_205(tmp, t):
+    vd = 64
+    return _drafter(tmp, t, config_overrides={"draft_vocab_size": vd}, tensor_overrides={
+        "lm_head.weight": torch.zeros(vd, 32, dtype=torch.bfloat16),
+        "markov_head.markov_w2.weight": torch.zeros(vd, 8, dtype=torch.bfloat16),
+        "d2t": torch.full((vd,), 100, dtype=torch.int64)}), t, None
+
+
+def _case_206(tmp, t):
+    return _drafter(tmp, t, tensor_overrides={"layers.0.mlp.up_proj.weight": torch.zeros(64, 32)}), t, None
+
+
+def _case_301(tmp, t):
+    other = make_qwen3_target(tmp / "wide", hidden=48)
+    return _drafter(tmp, t), other, None
+
+
+def _case_302(tmp, t):
+    other = make_qwen3_target(tmp / "bigvocab", vocab=256)
+    return _drafter(tmp, t), other, None
+
+
+def _case_303(tmp, t):
+    return _drafter(tmp, t, target_layer_ids=(1, 2, 4)), t, None
+
+
+def _case_304(tmp, t):
+    return _drafter(tmp, t, target_layer_ids=(1, 2, 3)), t, None
+
+
+def _case_305(tmp, t):
+    return _drafter(tmp, t, tensor_overrides={"embed_tokens.weight": torch.zeros(128, 32)}), t, None
+
+
+def _case_306(tmp, t):
+    return _drafter(tmp, t, config_overrides={"num_target_layers": 5}), t, None
+
+
+def _case_307(tmp, t):
+    tied = make_qwen3_target(tmp / "nohead", seed=0)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tied / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(tied / "model.safetensors"))
+    return _drafter(tmp, tied), tied, None
+
+
+def _case_401(tmp, t):
+    return _drafter(tmp, t), t, 9
+
+
+def _case_402(tmp, t):
+    return _drafter(tmp, t), t, 3
+
+
+CASES = {code: globals()[f"_case_{code[3:]}"] for code in CODES}
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_each_finding_fires(code, tmp_path, target):
+    draft, tgt, n = CASES[code](tmp_path, target)
+    report = validate(draft, tgt, num_speculative_tokens=n)
+    assert code in report.codes, [(f.code, f.message) for f in report.findings]
+    finding = next(f for f in report.findings if f.code == code)
+    assert finding.severity == CODES[code][0]
+    assert finding.message
+    if finding.severity == "error":
+        assert not report.ok
+
+
+def test_fc_width_message_names_the_layer_count(tmp_path, target):
+    draft, tgt, _ = _case_204(tmp_path, target)
+    finding = next(f for f in validate(draft, tgt).findings if f.code == "DSH204")
+    assert "[32, 96]" in finding.message and "3 target layers" in finding.message
+    assert "[0, 1, 2]" in finding.hint
+
+
+def test_hidden_state_numbering_is_named(tmp_path, target):
+    draft = _drafter(tmp_path, target, target_layer_ids=(1, 2, 4))
+    finding = next(f for f in validate(draft, target).findings if f.code == "DSH303")
+    assert "hidden-state indices" in finding.hint and "[0, 1, 3]" in finding.hint
+
+
+def test_cli_exit_codes_and_json(tmp_path, target, clean):
+    runner = CliRunner()
+    ok = runner.invoke(main, ["validate", str(clean), "--target", str(target), "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["ok"] is True
+    bad = _drafter(tmp_path, target, name="bad", target_layer_ids=(1, 2, 3))
+    res = runner.invoke(main, ["validate", str(bad), "--target", str(target)])
+    assert res.exit_code == 1
+    assert "DSH304" in res.output and "FAILED" in res.output
+
+
+def test_unreadable_drafter_is_one_paragraph_exit_1(tmp_path, target):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text("{not json")
+    res = CliRunner().invoke(main, ["validate", str(folder), "--target", str(target)])
+    assert res.exit_code == 1
+    assert "config.json is not valid JSON" in res.output
+    assert "Traceback" not in res.output
