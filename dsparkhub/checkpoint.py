@@ -13,11 +13,16 @@ touch only a few KiB per shard and must be able to run on headers fetched over H
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
 import os
+import reprlib
+import stat
 import struct
+from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,10 +39,15 @@ DTYPE_BITS = {
 }
 #: refuse headers larger than this (safetensors itself caps at 100 MB).
 MAX_HEADER_BYTES = 100_000_000
+#: refuse config / index files larger than this (a 1T-parameter target's index is ~20 MB).
+MAX_JSON_BYTES = 512 << 20
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 #: pickle files that are training state, not weights; they are ignored (never loaded, never copied).
 TRAINING_STATE_PREFIXES = ("training_state", "optimizer", "scheduler", "rng_state", "training_args")
+#: bounded repr for values quoted from hostile files (depth, length and width capped; never recurses deeply).
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring, _SHOW.maxother = 3, 8, 8, 80, 80
 
 
 @dataclass(frozen=True)
@@ -70,8 +80,117 @@ class TensorInfo:
         return {"dtype": self.dtype, "shape": list(self.shape), "file": self.file}
 
 
+@contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while parsing large JSON.
+
+    A 1T-parameter target's headers hold ~200k entries (~1M Python objects, none in a cycle); every 700
+    allocations would otherwise trigger a collection that walks the growing heap, which more than doubles the parse
+    time. Reference counting still frees everything.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _expected_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
     return (math.prod(shape) * DTYPE_BITS[dtype] + 7) // 8
+
+
+def _check_entry(name: str, entry, file: str, data_size: int | None) -> tuple[str, tuple[int, ...], int, int, int]:
+    """Check one header entry; returns ``(dtype, shape, begin, end, nbytes)`` or raises CheckpointFormatError."""
+    where = f"tensor {_SHOW.repr(name)}"
+    if not isinstance(entry, dict):
+        raise CheckpointFormatError(f"{where}: header entry must be an object, found {type(entry).__name__}",
+                                    path=file)
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise CheckpointFormatError(f"{where}: unknown dtype {_SHOW.repr(dtype)}; expected one of "
+                                    f"{sorted(DTYPE_BITS)}",
+                                    path=file)
+    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 2**53 for d in shape):
+        raise CheckpointFormatError(f"{where}: shape must be a list of non-negative integers, found "
+                                    f"{_SHOW.repr(shape)}",
+                                    path=file)
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise CheckpointFormatError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, "
+                                    f"found {_SHOW.repr(offsets)}", path=file)
+    shape_t = tuple(shape)
+    expected = _expected_nbytes(dtype, shape_t)
+    if offsets[1] - offsets[0] != expected:
+        raise CheckpointFormatError(
+            f"{where}: data_offsets span {offsets[1] - offsets[0]} bytes but dtype {dtype} x shape {shape} "
+            f"needs {expected}", path=file)
+    if data_size is not None and offsets[1] > data_size:
+        raise CheckpointFormatError(
+            f"{where}: data ends at byte {offsets[1]} of the data section, but the file holds only "
+            f"{data_size} data bytes (truncated file?)", path=file)
+    return dtype, shape_t, offsets[0], offsets[1], expected
+
+
+def _parse_header_bytes(raw: bytes, *, file: str, data_size: int | None) -> tuple[dict[str, TensorInfo], dict]:
+    """:func:`parse_header_bytes` without the garbage-collector pause."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointFormatError(f"safetensors header is not valid UTF-8 ({exc.reason} at byte {exc.start})",
+                                    path=file) from None
+    dupes: list[str] = []
+
+    def no_dupes(pairs):
+        # called once per JSON object (~200k for a 1T-parameter target): the common case stays in C
+        seen = dict(pairs)
+        if len(seen) != len(pairs):
+            names: set = set()
+            dupes.extend(k for k, _ in pairs if k in names or names.add(k))
+        return seen
+
+    try:
+        header = json.loads(text, object_pairs_hook=no_dupes)
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, and integers over 4300 digits
+        raise CheckpointFormatError(f"safetensors header is not valid JSON: {str(exc)[:200]}", path=file) from None
+    if dupes:
+        raise CheckpointFormatError(f"safetensors header names key {_SHOW.repr(dupes[0])} more than once (a tensor "
+                                    "or field declared twice)", path=file)
+    if not isinstance(header, dict):
+        raise CheckpointFormatError(f"safetensors header must be a JSON object, found {type(header).__name__}",
+                                    path=file)
+    metadata = header.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata  # safetensors: Option<HashMap<String, String>>
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
+        raise CheckpointFormatError("safetensors `__metadata__` must map strings to strings, found "
+                                    f"{_SHOW.repr(metadata)} ({type(metadata).__name__})", path=file)
+    tensors: dict[str, TensorInfo] = {}
+    spans = []
+    base = 8 + len(raw)
+    # A 1T-parameter checkpoint repeats a few (dtype, shape) pairs ~200k times: each pair is checked once by
+    # _check_entry; later entries only confirm their offsets (the slow path still produces every error message).
+    known: dict[tuple, tuple[tuple[int, ...], int]] = {}
+    for name, entry in header.items():
+        try:
+            shape, dtype = entry["shape"], entry["dtype"]
+            shape_t, expected = known[(dtype, repr(shape) if type(shape) is list else None)]
+            begin, end = entry["data_offsets"]
+            ok = (type(begin) is int and type(end) is int and 0 <= begin and end - begin == expected
+                  and (data_size is None or end <= data_size))
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            dtype, shape_t, begin, end, expected = _check_entry(name, entry, file, data_size)
+            known[(dtype, repr(list(shape_t)))] = (shape_t, expected)
+        spans.append((begin, end, name))
+        tensors[name] = TensorInfo(name, dtype, shape_t, file, base + begin, expected)
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise CheckpointFormatError(f"tensors {n0!r} and {n1!r} overlap (bytes {b1}..{e0})", path=file)
+    return tensors, metadata
 
 
 def parse_header_bytes(raw: bytes, *, file: str, data_size: int | None) -> tuple[dict[str, TensorInfo], dict]:
@@ -89,70 +208,8 @@ def parse_header_bytes(raw: bytes, *, file: str, data_size: int | None) -> tuple
         CheckpointFormatError: invalid UTF-8 / JSON, not an object, unknown dtype, bad shape, offsets that disagree
             with the shape, overlap or leave the file, duplicate names, non-string metadata.
     """
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CheckpointFormatError(f"safetensors header is not valid UTF-8 ({exc.reason} at byte {exc.start})",
-                                    path=file) from None
-    dupes: list[str] = []
-
-    def no_dupes(pairs):
-        seen = {}
-        for k, v in pairs:
-            if k in seen:
-                dupes.append(k)
-            seen[k] = v
-        return seen
-
-    try:
-        header = json.loads(text, object_pairs_hook=no_dupes)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointFormatError(f"safetensors header is not valid JSON: {str(exc)[:200]}", path=file) from None
-    if dupes:
-        raise CheckpointFormatError(f"safetensors header names tensor {dupes[0]!r} more than once", path=file)
-    if not isinstance(header, dict):
-        raise CheckpointFormatError(f"safetensors header must be a JSON object, found {type(header).__name__}",
-                                    path=file)
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                 for k, v in metadata.items()):
-        raise CheckpointFormatError("safetensors `__metadata__` must map strings to strings", path=file)
-    tensors: dict[str, TensorInfo] = {}
-    spans = []
-    base = 8 + len(raw)
-    for name, entry in header.items():
-        where = f"tensor {name!r}"
-        if not isinstance(entry, dict):
-            raise CheckpointFormatError(f"{where}: header entry must be an object, found {type(entry).__name__}",
-                                        path=file)
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in DTYPE_BITS:
-            raise CheckpointFormatError(f"{where}: unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BITS)}",
-                                        path=file)
-        if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 2**53 for d in shape):
-            raise CheckpointFormatError(f"{where}: shape must be a list of non-negative integers, found {shape!r}",
-                                        path=file)
-        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
-                or not 0 <= offsets[0] <= offsets[1]):
-            raise CheckpointFormatError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, "
-                                        f"found {offsets!r}", path=file)
-        shape_t = tuple(shape)
-        expected = _expected_nbytes(dtype, shape_t)
-        if offsets[1] - offsets[0] != expected:
-            raise CheckpointFormatError(
-                f"{where}: data_offsets span {offsets[1] - offsets[0]} bytes but dtype {dtype} x shape {shape} "
-                f"needs {expected}", path=file)
-        if data_size is not None and offsets[1] > data_size:
-            raise CheckpointFormatError(
-                f"{where}: data ends at byte {offsets[1]} of the data section, but the file holds only "
-                f"{data_size} data bytes (truncated file?)", path=file)
-        spans.append((offsets[0], offsets[1], name))
-        tensors[name] = TensorInfo(name, dtype, shape_t, file, base + offsets[0], expected)
-    spans.sort()
-    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-        if b1 < e0:
-            raise CheckpointFormatError(f"tensors {n0!r} and {n1!r} overlap (bytes {b1}..{e0})", path=file)
-    return tensors, metadata
+    with _gc_paused():
+        return _parse_header_bytes(raw, file=file, data_size=data_size)
 
 
 def read_header(path: str | Path, *, name: str | None = None) -> tuple[dict[str, TensorInfo], dict]:
@@ -171,6 +228,7 @@ def read_header(path: str | Path, *, name: str | None = None) -> tuple[dict[str,
             problem :func:`parse_header_bytes` finds.
     """
     path = Path(path)
+    _refuse_special(path)
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -190,7 +248,21 @@ def read_header(path: str | Path, *, name: str | None = None) -> tuple[dict[str,
         raise CheckpointNotFoundError("safetensors file not found", path=path) from None
     except IsADirectoryError:
         raise CheckpointFormatError("expected a safetensors file, found a folder", path=path) from None
+    except (NotADirectoryError, OSError) as exc:
+        if isinstance(exc, PermissionError):
+            raise
+        raise CheckpointFormatError(f"cannot read safetensors file: {exc.strerror or exc}", path=path) from None
     return parse_header_bytes(raw, file=name or path.name, data_size=size - 8 - n)
+
+
+def _refuse_special(path: Path) -> None:
+    """Refuse devices, FIFOs and sockets: reading ``/dev/zero`` never ends and opening a FIFO blocks forever."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return  # missing / unreadable: the caller's open() reports it
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise CheckpointFormatError("not a regular file (a device, FIFO or socket); refusing to read it", path=path)
 
 
 def read_json(path: str | Path, what: str = "JSON file") -> dict:
@@ -201,13 +273,22 @@ def read_json(path: str | Path, what: str = "JSON file") -> dict:
         CheckpointFormatError: not UTF-8 / not JSON / not an object.
     """
     path = Path(path)
+    _refuse_special(path)
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            raise CheckpointFormatError(f"{what} is larger than {MAX_JSON_BYTES} bytes (corrupt or hostile file)",
+                                        path=path)
+        with _gc_paused():  # indexes of 1T-parameter targets list ~200k tensors
+            data = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{what} not found", path=path) from None
+    except IsADirectoryError:
+        raise CheckpointFormatError(f"expected {what}, found a folder", path=path) from None
     except UnicodeDecodeError:
         raise CheckpointFormatError(f"{what} is not valid UTF-8", path=path) from None
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, and integers over 4300 digits
         raise CheckpointFormatError(f"{what} is not valid JSON: {str(exc)[:200]}", path=path) from None
     if not isinstance(data, dict):
         raise CheckpointFormatError(f"{what} must hold a JSON object, found {type(data).__name__}", path=path)
@@ -216,16 +297,77 @@ def read_json(path: str | Path, what: str = "JSON file") -> dict:
 
 def _safe_member(folder: Path, rel: str, what: str) -> Path:
     """Resolve ``rel`` inside ``folder``, refusing absolute paths, ``..`` and symlinks that leave the folder."""
-    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts or "\\" in rel:
-        raise UnsafeCheckpointError(f"{what} names {rel!r}, which is not a plain file name inside the checkpoint",
-                                    path=folder, hint="shard names must be relative paths without '..'")
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts or "\\" in rel \
+            or "\x00" in rel or len(rel) > 1024 or any(len(part) > 255 for part in Path(rel).parts):
+        raise UnsafeCheckpointError(f"{what} names {_SHOW.repr(rel)}, which is not a plain file name inside the "
+                                    "checkpoint", path=folder,
+                                    hint="shard names must be relative paths without '..', NUL or over-long parts")
     path = folder / rel
-    root = folder.resolve()
-    real = path.resolve()
+    try:
+        root = folder.resolve()
+        real = path.resolve()
+    except (OSError, RuntimeError) as exc:  # pathlib raises RuntimeError on a symlink loop (Python < 3.13)
+        raise UnsafeCheckpointError(f"{what} {rel!r} cannot be resolved inside the checkpoint: {exc}",
+                                    path=folder) from None
     if root != real and root not in real.parents:
         raise UnsafeCheckpointError(f"{what} {rel!r} is a link that resolves outside the checkpoint folder "
                                     f"(to {real})", path=folder)
     return path
+
+
+class LazyTensors(Mapping):
+    """``{tensor name: TensorInfo}`` of a sharded checkpoint whose shard headers are parsed on first use.
+
+    Names, ``in`` and ``len`` come from ``model.safetensors.index.json`` alone; looking a tensor up parses the
+    header of the one shard that holds it (once). Validating a drafter against a 1T-parameter target (64 shards,
+    ~200k tensors, ~30 MB of header JSON) thus reads the index plus the one or two shards holding the embedding and
+    LM head. Iterating ``values()`` / ``items()`` parses every shard, exactly like the eager path.
+
+    Each parsed shard gets the eager path's consistency checks against the index; the checkpoint's ``metadata``
+    gains a shard's ``__metadata__`` when that shard is parsed.
+
+    Raises (on access):
+        KeyError: the index does not list the name.
+        CheckpointFormatError: the shard's header is malformed, does not hold a tensor the index maps to it, or holds
+            one the index does not list (or maps elsewhere).
+    """
+
+    def __init__(self, folder: Path, weight_map: dict[str, str], metadata: dict[str, dict]):
+        self._folder, self._map, self._metadata = folder, weight_map, metadata
+        self._parsed: dict[str, TensorInfo] = {}
+        self._done: set[str] = set()
+
+    def _load(self, fname: str) -> None:
+        index_path = self._folder / INDEX_NAME
+        shard, meta = read_header(_safe_member(self._folder, fname, INDEX_NAME), name=fname)
+        for name in shard:
+            if self._map.get(name) != fname:
+                raise CheckpointFormatError(
+                    f"shard {fname!r} holds tensor {_SHOW.repr(name)}, which the index "
+                    + ("does not list" if name not in self._map else f"maps to {self._map[name]!r}"),
+                    path=index_path)
+        self._metadata[fname] = meta
+        self._parsed.update(shard)
+        self._done.add(fname)
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        fname = self._map[name]
+        if fname not in self._done:
+            self._load(fname)
+        info = self._parsed.get(name)
+        if info is None:  # the index's side of the eager consistency check, made per tensor
+            raise CheckpointFormatError(f"{INDEX_NAME} maps tensor {_SHOW.repr(name)} to {fname!r}, but that shard "
+                                        "does not hold it", path=self._folder / INDEX_NAME)
+        return info
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._map
+
+    def __iter__(self):
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
 
 
 @dataclass
@@ -235,7 +377,7 @@ class Checkpoint:
     Attributes:
         path: the folder (local) or ``hub:REPO@REV`` (remote).
         config: parsed ``config.json`` (empty dict when the folder has none).
-        tensors: every tensor by name, with its shard file.
+        tensors: every tensor by name, with its shard file (a :class:`LazyTensors` when opened with ``lazy``).
         files: shard file names, in index order.
         index: parsed ``model.safetensors.index.json`` or None.
         metadata: ``__metadata__`` per shard file.
@@ -244,7 +386,7 @@ class Checkpoint:
 
     path: str
     config: dict
-    tensors: dict[str, TensorInfo]
+    tensors: Mapping[str, TensorInfo]
     files: list[str]
     index: dict | None = None
     metadata: dict[str, dict] = field(default_factory=dict)
@@ -312,13 +454,100 @@ def _pickle_weight_files(folder: Path) -> list[str]:
                   if p.is_file() and p.suffix in PICKLE_SUFFIXES and not p.name.startswith(TRAINING_STATE_PREFIXES))
 
 
-def open_checkpoint(path: str | Path, *, require_config: bool = True) -> Checkpoint:
+def _state_dict_of(obj, source: Path) -> dict:
+    """The ``{name: tensor}`` inside what ``torch.load`` returned (plain, or under state_dict / model / module)."""
+    import torch
+
+    for key in ("state_dict", "model", "module"):
+        if isinstance(obj, dict) and set(obj) == {key} and isinstance(obj[key], dict):
+            obj = obj[key]
+    if not isinstance(obj, dict) or not obj or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                       for k, v in obj.items()):
+        kinds = sorted({type(v).__name__ for v in obj.values()}) if isinstance(obj, dict) else [type(obj).__name__]
+        raise CheckpointFormatError(f"pickle file holds {kinds[:5]}, not a state dict of named tensors",
+                                    path=source, hint="save the model's state_dict() to safetensors yourself")
+    return obj
+
+
+def pickle_as_safetensors(folder: str | Path) -> Path:
+    """Copy a checkpoint whose weights are pickle files into a temporary safetensors folder (``--allow-pickle``).
+
+    Each weights file (``.bin`` / ``.pt`` / ``.pth`` / ``.pkl`` / ``.ckpt``, training state excluded) is read with
+    ``torch.load(weights_only=True, map_location="cpu")`` — PyTorch's restricted unpickler, which refuses anything
+    but tensors and plain containers — and all tensors are written to one ``model.safetensors`` next to copies of
+    the folder's ``*.json`` files, in a temporary folder removed when the process exits. The source folder is never
+    modified.
+
+    Returns:
+        the temporary folder (named like the source folder).
+
+    Raises:
+        CheckpointNotFoundError: the folder holds no pickle weights.
+        UnsafeCheckpointError: ``weights_only=True`` refused a file (it asks to build arbitrary objects).
+        CheckpointFormatError: a file is not a state dict of tensors, or two files hold the same tensor name.
+    """
+    import atexit
+    import pickle
+    import shutil
+    import tempfile
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    names = _pickle_weight_files(folder)
+    if not names:
+        raise CheckpointNotFoundError("no pickle weights (.bin / .pt / .pth) to convert", path=folder)
+    tensors: dict = {}
+    for name in names:
+        try:
+            obj = torch.load(folder / name, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError, EOFError, ValueError) as exc:
+            raise UnsafeCheckpointError(f"torch.load(weights_only=True) refused {name}: {str(exc)[:300]}",
+                                        path=folder / name,
+                                        hint="the file asks to build more than tensors; dsparkhub will not load it "
+                                             "with a full unpickler — re-save it as safetensors where you trust it"
+                                        ) from None
+        for key, value in _state_dict_of(obj, folder / name).items():
+            if key in tensors:
+                raise CheckpointFormatError(f"tensor {key!r} appears in two pickle files", path=folder)
+            tensors[key] = value.detach().contiguous().clone()  # clone: safetensors refuses shared storage
+    tmp = Path(tempfile.mkdtemp(prefix="dsparkhub-pickle-")) / folder.name
+    atexit.register(shutil.rmtree, tmp.parent, True)
+    tmp.mkdir()
+    for extra in folder.glob("*.json"):
+        if extra.is_file() and not extra.name.endswith(".index.json"):
+            shutil.copyfile(extra, tmp / extra.name)
+    save_file(tensors, str(tmp / "model.safetensors"),
+              metadata={"format": "pt", "dsparkhub_converted_from": ",".join(names)})
+    return tmp
+
+
+def resolve_pickle(path: str | Path) -> Path:
+    """``path``, or a safetensors copy of it (:func:`pickle_as_safetensors`) when its only weights are pickle files.
+
+    Follows ``step_latest`` like every reader. Used by the CLI's ``--allow-pickle``.
+    """
+    folder = resolve_step_dir(path)
+    if folder.is_dir() and not any(p.suffix == ".safetensors" for p in folder.iterdir()) \
+            and _pickle_weight_files(folder):
+        return pickle_as_safetensors(folder)
+    return Path(path)
+
+
+def open_checkpoint(path: str | Path, *, require_config: bool = True, lazy: bool = False,
+                    allow_pickle: bool = False) -> Checkpoint:
     """Index a local checkpoint folder (or a single ``.safetensors`` file) from its config and headers.
 
     Args:
         path: folder holding ``config.json`` plus ``model.safetensors`` / shards with
             ``model.safetensors.index.json``, or one ``.safetensors`` file.
         require_config: raise when ``config.json`` is missing.
+        lazy: for a sharded folder (with an index), parse a shard's header only when one of its tensors is looked
+            up (:class:`LazyTensors`); the shards' existence and paths are still checked here. Used for targets,
+            where only the embedding / LM head are needed. Single-file checkpoints are always parsed eagerly.
+        allow_pickle: when the only weights are pickle files, read them with ``torch.load(weights_only=True)``
+            into a temporary safetensors copy (:func:`pickle_as_safetensors`) and open that instead.
 
     Returns:
         :class:`Checkpoint`.
@@ -336,6 +565,11 @@ def open_checkpoint(path: str | Path, *, require_config: bool = True) -> Checkpo
     if not path.exists():
         raise CheckpointNotFoundError("checkpoint folder does not exist", path=path)
     if not path.is_dir():
+        if path.suffix in PICKLE_SUFFIXES:
+            raise UnsafeCheckpointError(
+                "this is a pickle file; dsparkhub does not unpickle weights because loading a pickle can run "
+                "arbitrary code", path=path, hint="pass the folder that holds it with --allow-pickle (loads with "
+                "torch.load(weights_only=True)), or convert it to safetensors first")
         raise CheckpointFormatError("expected a checkpoint folder or a .safetensors file", path=path)
     config_path = path / "config.json"
     if config_path.exists():
@@ -359,6 +593,8 @@ def open_checkpoint(path: str | Path, *, require_config: bool = True) -> Checkpo
         files = sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file())
     if not files:
         pickles = _pickle_weight_files(path)
+        if pickles and allow_pickle:
+            return open_checkpoint(pickle_as_safetensors(path), require_config=require_config, lazy=lazy)
         if pickles:
             raise UnsafeCheckpointError(
                 f"the only weights here are pickle files ({', '.join(pickles)}); dsparkhub does not unpickle "
@@ -368,6 +604,11 @@ def open_checkpoint(path: str | Path, *, require_config: bool = True) -> Checkpo
         raise CheckpointNotFoundError("no safetensors weights found in the checkpoint folder", path=path)
     tensors: dict[str, TensorInfo] = {}
     metadata: dict[str, dict] = {}
+    if lazy and weight_map is not None:
+        for fname in files:
+            if not _safe_member(path, fname, INDEX_NAME).exists():
+                raise CheckpointNotFoundError(f"shard {fname!r} named by {INDEX_NAME} is missing", path=path)
+        return Checkpoint(str(path), config, LazyTensors(path, weight_map, metadata), files, index, metadata)
     for fname in files:
         fpath = _safe_member(path, fname, INDEX_NAME if weight_map is not None else "shard")
         if not fpath.exists():

@@ -17,16 +17,20 @@ Rules:
 from __future__ import annotations
 
 import datetime as _dt
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+import re
 from pathlib import Path
 
 from . import __version__
 from .errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
 from .hashing import sha256_file, sha256_files
-from .recipes import OpenedDraft, Recipe, block_layout_of, get_recipe, open_draft, write_config
+from .recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
+                      resolve_output_recipe, write_config)
 from .target import TargetSpec, open_target
 from .validate import ValidationReport, validate
-from .writer import atomic_output, write_json, write_shards
+from .writer import SourceBytes, atomic_output, write_json, write_shards
 
 PROVENANCE_NAME = "dsparkhub_provenance.json"
 SHARED_WITH_TARGET = {"embed_tokens.weight": "embed", "lm_head.weight": "lm_head"}
@@ -70,10 +74,16 @@ class ConversionPlan:
         return [d for d in self.decisions if d.action == "copy"]
 
     @property
+    def derived(self) -> list[TensorDecision]:
+        """Tensors computed from others because the output layout ships them (speculators ``t2d``)."""
+        return [d for d in self.decisions if d.action == "derive"]
+
+    @property
     def out_bytes(self) -> int:
         """Bytes of tensor data that will be written."""
         spec = self.draft.spec
-        return sum(spec.tensors[d.name].nbytes for d in self.copies)
+        derived = sum(_derived_nbytes(spec, d.name) for d in self.derived)
+        return sum(spec.tensors[d.name].nbytes for d in self.copies) + derived
 
     def to_dict(self) -> dict:
         """JSON-friendly plan."""
@@ -102,14 +112,47 @@ def _same_bytes(d: OpenedDraft, name: str, t: TargetSpec, which: str) -> tuple[b
         return False, f"differs from the target's {ref.name} ({ref.dtype} {list(ref.shape)})"
     if not t.local:
         return None, "the target is remote; bytes were not compared"
-    own = d.checkpoint.tensor_sha256(d.spec.source_names[name])
-    theirs = t.checkpoint.tensor_sha256(ref.name)
-    return own == theirs, ("byte-identical to the target's " + ref.name if own == theirs
-                           else f"differs from the target's {ref.name} (sha256 {own[:12]} vs {theirs[:12]})")
+    at = _first_difference(d.checkpoint.file_path(mine), mine.start, t.checkpoint.file_path(ref), ref.start,
+                           mine.nbytes)
+    return at is None, ("byte-identical to the target's " + ref.name if at is None
+                        else f"differs from the target's {ref.name} (first differing byte at offset {at} of "
+                             f"{mine.nbytes})")
+
+
+def _first_difference(path_a: Path, start_a: int, path_b: Path, start_b: int, nbytes: int,
+                      chunk: int = 1 << 20) -> int | None:
+    """Offset of the first byte that differs between two equally long byte ranges, None when identical.
+
+    Compares chunk by chunk and stops at the first difference: a retrained embedding is told apart after one
+    chunk instead of two full sha256 passes over [V, H] tensors (GBs for large vocabularies).
+
+    Raises:
+        CheckpointFormatError: either range is cut short by the end of its file.
+    """
+    from .errors import CheckpointFormatError
+
+    with open(path_a, "rb", buffering=0) as fa, open(path_b, "rb", buffering=0) as fb:
+        done = 0
+        while done < nbytes:
+            n = min(chunk, nbytes - done)
+            a, b = os.pread(fa.fileno(), n, start_a + done), os.pread(fb.fileno(), n, start_b + done)
+            if len(a) != n or len(b) != n:
+                raise CheckpointFormatError(f"tensor data is cut short by the end of the file at byte {done}",
+                                            path=path_a if len(a) != n else path_b)
+            if a != b:
+                lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: bisect with C-level compares
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if a[lo:mid] == b[lo:mid] else (lo, mid)
+                return done + lo
+            done += n
+            chunk = min(chunk * 4, 16 << 20)
+    return None
 
 
 def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
-                    layout: str | None = None, force: bool = False, keep_embeddings: bool = False) -> ConversionPlan:
+                    layout: str | None = None, force: bool = False, keep_embeddings: bool = False,
+                    declare_block_layout: str | None = None) -> ConversionPlan:
     """Decide a conversion from headers (and the embedding / LM-head bytes), writing nothing.
 
     Args:
@@ -119,6 +162,9 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         layout: force the source layout instead of detecting it.
         force: convert even when validation reports errors.
         keep_embeddings: keep ``embed_tokens`` / ``lm_head`` even when identical to the target's.
+        declare_block_layout: ``"anchor_first"`` | ``"one_plus_n"``: state the drafter's block layout instead of
+            the one its config implies (the only way to write it in a layout that expresses the other one); the
+            output then proposes a different number of tokens per block, which is recorded in provenance.
 
     Raises:
         ValidationFailedError: validation against the target found errors and ``force`` is False.
@@ -127,7 +173,17 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
     """
     d = open_draft(src, layout=layout)
     t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
-    recipe = get_recipe(to)
+    if declare_block_layout and declare_block_layout != d.spec.block_layout:
+        from .spec import ANCHOR_FIRST, ONE_PLUS_N
+
+        if declare_block_layout not in (ANCHOR_FIRST, ONE_PLUS_N):
+            raise ConversionRefusedError(f"unknown block layout {declare_block_layout!r}; expected "
+                                         f"{ANCHOR_FIRST!r} or {ONE_PLUS_N!r}")
+        before = d.spec.proposals_per_block
+        d.spec.notes.append(f"block layout declared {declare_block_layout} (the source config implies "
+                            f"{d.spec.block_layout}); proposals per block change from {before}")
+        d.spec.block_layout = declare_block_layout
+    recipe = resolve_output_recipe(to, d.spec)
     report = validate(d, t)
     if not report.ok and not force:
         first = report.errors[0]
@@ -143,17 +199,33 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         raise ConversionRefusedError(
             f"the drafter is {spec.block_layout} (block size {spec.block_size}, {spec.proposals_per_block} proposals "
             f"per block) but layout {recipe.name!r} can only express {sorted(block_layout_of(recipe))}; writing it "
-            "would shift every draft slot by one and acceptance would collapse to about 1", path=d.checkpoint.path)
+            "would shift every draft slot by one and acceptance would collapse to about 1", path=d.checkpoint.path,
+            hint="if the source config is wrong about its own block layout, state the right one with "
+                 "--declare-block-layout (recorded in provenance)")
+    limits = recipe.data.get("write", {}).get("requires") or {}
+    if limits.get("full_vocab") and spec.draft_vocab_size != spec.vocab_size:
+        raise ConversionRefusedError(
+            f"layout {recipe.name!r} requires draft vocab == vocab (it shares the target's LM head), but the drafter "
+            f"has a reduced draft vocab ({spec.draft_vocab_size} of {spec.vocab_size}); the vocab cannot be mapped "
+            "without retraining the head", path=d.checkpoint.path)
     variants = (recipe.data.get("write") or {}).get("variants") or [spec.variant]
     if spec.variant not in variants:
         raise ConversionRefusedError(
             f"layout {recipe.name!r} holds {'/'.join(variants)} drafters, but this one is {spec.variant} "
             f"(markov rank {spec.markov_rank})", path=d.checkpoint.path,
             hint="choose an output layout for this variant with --to (dsparkhub inspect shows the variant)")
+    if not can_hold(recipe, spec):
+        raise ConversionRefusedError(
+            f"layout {recipe.name!r} cannot hold a {spec.family} {spec.variant} drafter (read as {spec.layout!r}); "
+            "writing it there would lose or reinterpret tensors", path=d.checkpoint.path,
+            hint="layouts that can: " + ", ".join(r.name for r in load_recipes() if can_hold(r, spec)))
     config = write_config(spec, recipe)
     decisions: list[TensorDecision] = []
     for name in sorted(spec.tensors, key=_tensor_order):
-        out_name = recipe.to_layout(name)
+        if any(re.fullmatch(p, name) for p in recipe.data.get("write", {}).get("omit") or []):
+            decisions.append(TensorDecision(name, "drop", None, f"layout {recipe.name!r} does not carry it"))
+            continue
+        out_name = recipe.to_layout(name, num_layers=spec.num_layers)
         which = SHARED_WITH_TARGET.get(name)
         if which and t is not None and not keep_embeddings and spec.vocab_size <= t.vocab_size \
                 and not (name == "lm_head.weight" and spec.draft_vocab_size != t.vocab_size):
@@ -164,8 +236,21 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             decisions.append(TensorDecision(name, "copy", out_name, why + "; kept (vLLM uses the drafter's own)"))
             continue
         decisions.append(TensorDecision(name, "copy", out_name))
-    options = {"to": to, "layout": d.recipe.name, "force": force, "keep_embeddings": keep_embeddings}
+    for name in recipe.data.get("write", {}).get("derive") or []:
+        inputs = DERIVED_TENSORS[name][0]
+        if name not in spec.tensors and all(i in spec.tensors for i in inputs):
+            decisions.append(TensorDecision(name, "derive", recipe.to_layout(name, num_layers=spec.num_layers),
+                                            f"computed from {', '.join(inputs)} (layout {recipe.name!r} ships it)"))
+    options = {"to": recipe.name, "layout": d.recipe.name, "force": force, "keep_embeddings": keep_embeddings,
+               "declare_block_layout": declare_block_layout}
     return ConversionPlan(d, t, recipe, config, decisions, report, options)
+
+
+def _derived_nbytes(spec, name: str) -> int:
+    from .checkpoint import _expected_nbytes
+
+    dtype, shape = DERIVED_TENSORS[name][2](spec)
+    return _expected_nbytes(dtype, shape)
 
 
 def _tensor_order(name: str):
@@ -209,7 +294,9 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
     plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings)
     d = plan.draft
-    src_hashes = sha256_files(_source_files(d))
+    # the source files are hashed (for provenance) on a second core while the tensors are copied
+    hasher = ThreadPoolExecutor(max_workers=1)
+    src_future = hasher.submit(sha256_files, _source_files(d))
     readers: dict[str, object] = {}
 
     def loader(info):
@@ -223,12 +310,26 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
             return readers[info.file].get_tensor(info.name)
         return load
 
-    items = [(c.out_name, d.spec.tensors[c.name].nbytes, loader(d.spec.tensors[c.name])) for c in plan.copies]
+    def raw(info):  # plain copies stream file to file (writer.SourceBytes): no tensor enters memory
+        return lambda: SourceBytes(str(d.checkpoint.file_path(info)), info.start, info.nbytes, info.dtype,
+                                   info.shape)
+
+    items = [(c.out_name, d.spec.tensors[c.name].nbytes, raw(d.spec.tensors[c.name])) for c in plan.copies]
+
+    def derive(name):
+        inputs, fn, _ = DERIVED_TENSORS[name]
+        return lambda: fn(d.spec, lambda n: loader(d.spec.tensors[n])())
+
+    items += [(x.out_name, _derived_nbytes(d.spec, x.name), derive(x.name)) for x in plan.derived]
     with atomic_output(out, overwrite=overwrite) as tmp:
-        files = write_shards(tmp, items, max_shard_bytes=max_shard_bytes)
+        shard_sha256: dict[str, str] = {}  # hashed while written: the output is not read back
+        files = write_shards(tmp, items, max_shard_bytes=max_shard_bytes, sha256=shard_sha256)
         readers.clear()
         write_json(tmp / "config.json", plan.config)
-        out_hashes = sha256_files([tmp / f for f in ["config.json", *files]])
+        out_hashes = {str(tmp / "config.json"): sha256_file(tmp / "config.json"),
+                      **{str(tmp / f): shard_sha256[f] for f in files}}
+        src_hashes = src_future.result()
+        hasher.shutdown()
         provenance = {
             "tool": "dsparkhub", "version": __version__, "command": "convert",
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -53,6 +53,10 @@ class DraftSpec:
         tensors: canonical tensor name -> header info in the source (file, dtype, shape).
         source_names: canonical tensor name -> name in the source file.
         notes: facts the reader wants the user to know (defaults it assumed, keys it ignored).
+        target_ref: the target the source names, when it does (speculators ``speculators_config.verifier``:
+            ``{"name_or_path": ..., "architectures": [...]}``); empty otherwise.
+        extras: layout keys kept verbatim for layouts that share them (``extra_keys`` in the recipes), e.g.
+            speculators ``sliding_window_non_causal``, EAGLE-3 ``norm_before_residual``.
     """
 
     layout: str
@@ -77,6 +81,8 @@ class DraftSpec:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     source_names: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    target_ref: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict)
 
     @property
     def proposals_per_block(self) -> int:

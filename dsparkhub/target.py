@@ -40,6 +40,9 @@ class TargetSpec:
         embed: the input embedding's header ([V, Ht]), if found.
         lm_head: the LM head's header ([V, Ht]); the embedding when tied.
         tied: ``tie_word_embeddings``.
+        default_target_layer_ids: the layer ids (layer index) the seed drafters of this target use, when known
+            (from its manifest); validate names ids that are these shifted by one.
+        manifest: the manifest name when the target was given as one (no weights behind it).
     """
 
     source: str
@@ -52,6 +55,8 @@ class TargetSpec:
     embed: TensorInfo | None
     lm_head: TensorInfo | None
     tied: bool
+    default_target_layer_ids: list[int] | None = None
+    manifest: str | None = None
 
     @property
     def local(self) -> bool:
@@ -89,7 +94,8 @@ def open_target(source: str | Path) -> TargetSpec:
     """Open a target from a local HF folder or a Hub repo id, reading config and headers only.
 
     Args:
-        source: folder path, or ``namespace/name[@revision]`` on the Hub.
+        source: folder path, ``namespace/name[@revision]`` on the Hub, or a target manifest name
+            (``deepseek-v4-flash``, ``manifest:kimi-k2.6``; geometry and embedding / LM-head headers, no weights).
 
     Raises:
         CheckpointNotFoundError: neither a local folder nor a repo id.
@@ -99,7 +105,24 @@ def open_target(source: str | Path) -> TargetSpec:
     source = str(source)
     path = Path(source)
     if path.exists():
-        return target_from_checkpoint(open_checkpoint(path), source)
+        spec = target_from_checkpoint(open_checkpoint(path, lazy=True), source)
+        marker = path / "dsparkhub_skeleton.json"
+        if marker.is_file():  # a skeleton written by dsparkhub.skeleton: its manifest knows the seeds' settings
+            from .checkpoint import read_json
+            from .manifests import get_manifest
+
+            info = read_json(marker, "dsparkhub_skeleton.json")
+            m = get_manifest(str(info.get("manifest", "")).removesuffix("-tiny"))
+            spec.manifest = m.name
+            if not info.get("tiny"):
+                spec.default_target_layer_ids = (m.drafter_defaults or {}).get("target_layer_ids")
+        return spec
+    name = source.removeprefix("manifest:")
+    if "/" not in name:
+        from .manifests import is_manifest_name, target_spec_from_manifest
+
+        if is_manifest_name(name) or source.startswith("manifest:"):
+            return target_spec_from_manifest(name)
     if _REPO_ID.match(source) and not source.startswith((".", "/")):
         from .hub import remote_checkpoint
 

@@ -12,6 +12,7 @@ run any model (``dsparkhub.verify``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,22 @@ CODES: dict[str, tuple[str, str]] = {
     "DSH401": (WARNING, "num_speculative_tokens larger than what one block was trained to propose"),
     "DSH402": (INFO, "num_speculative_tokens smaller than what one block proposes"),
 }
+
+
+#: finding codes of the layouts beyond Qwen3 (Kimi K3, DeepSeek-V4 stages, hidden-state numbering); kept apart from
+#: :data:`CODES` until each has a case in tests/test_validate.py (they are exercised in tests/test_layouts.py).
+LAYOUT_CODES: dict[str, tuple[str, str]] = {
+    "DSH109": (ERROR, "a Kimi K3 MLA DSpark config vLLM 0.32's K3DSparkConfig refuses"),
+    "DSH110": (INFO, "num_nextn_predict_layers differs from the mtp.* stages (the stages are trusted)"),
+    "DSH111": (WARNING, "n_mtp_layers differs from the mtp.* stages in the checkpoint (the tensors are trusted)"),
+    "DSH112": (ERROR, "the drafter's stages do not hold the same parameters"),
+    "DSH113": (WARNING, "a speculators DSpark / DFlash config without sample_from_anchor (vLLM reads 1+N, speculators "
+                        "trains anchor-first by default)"),
+    "DSH308": (WARNING, "hidden-state index 0 (the embedding output) among the ids: a layer index written unshifted?"),
+    "DSH309": (WARNING, "target layer ids are the target's usual ids shifted by one (a numbering mix-up)"),
+    "DSH310": (WARNING, "the drafter names another target (speculators verifier) than the one it is checked against"),
+}
+ALL_CODES = {**CODES, **LAYOUT_CODES}
 
 
 @dataclass
@@ -123,59 +140,30 @@ class _Collector:
         self.items: list[Finding] = []
 
     def add(self, code: str, message: str, *, location="", expected="", found="", hint=""):
-        self.items.append(Finding(code, CODES[code][0], message, location, str(expected), str(found), hint))
+        self.items.append(Finding(code, ALL_CODES[code][0], message, location, str(expected), str(found), hint))
 
 
-def expected_tensor_shapes(spec: DraftSpec) -> tuple[dict[str, tuple[int, ...]], set[str]]:
-    """The tensors a Qwen3-backbone drafter must ship, with shapes, and the names it may ship.
+def expected_tensor_shapes(spec: DraftSpec) -> tuple[dict[str, tuple[int, ...] | None], set[str]]:
+    """The tensors a drafter of ``spec``'s family must ship, with shapes, and the names it may ship.
 
-    Follows vLLM 0.32 ``qwen3_dflash.py`` / ``qwen3_dspark.py`` (module tree and ``load_weights``) and DeepSpec's
-    ``Qwen3DSparkModel``. Shapes in FORMATS.md symbols: q ``[nh*hd, H]``, k/v ``[nkv*hd, H]``, o ``[H, nh*hd]``,
-    norms ``[H]`` / ``[hd]``, MLP ``[I, H]`` / ``[H, I]``, ``fc`` ``[H, A*Ht]``, Markov ``[V, r]`` / ``[Vd, r]``,
-    confidence ``[1, H(+r)]`` + ``[1]``, embed ``[V, H]``, lm_head ``[Vd, H]``, d2t ``[Vd]``.
+    The table is data, one file per backbone family in ``converters/families/`` (Qwen3: vLLM 0.32
+    ``qwen3_dflash.py`` / ``qwen3_dspark.py`` and DeepSpec ``Qwen3DSparkModel``; Gemma4, Kimi K3 MLA, DeepSeek-V4
+    stages and EAGLE-3 likewise), see :mod:`dsparkhub.families`. Shapes in FORMATS.md symbols: q ``[nh*hd, H]``,
+    k/v ``[nkv*hd, H]``, o ``[H, nh*hd]``, norms ``[H]`` / ``[hd]``, MLP ``[I, H]`` / ``[H, I]``, ``fc``
+    ``[H, A*Ht]``, Markov ``[V, r]`` / ``[Vd, r]``, confidence ``[1, H(+r)]`` (+ ``[1]``), embed ``[V, H]``,
+    lm_head ``[Vd, H]``, d2t ``[Vd]``.
 
     Returns:
-        ``(required name -> shape, optional names)``; optional ones are checked for shape when present.
+        ``(name -> shape or None when any shape is accepted, optional names)``; optional ones are checked for
+        shape when present.
+
+    Raises:
+        LayoutError: no table exists for the drafter's family / variant.
     """
-    c = spec.decoder_config
-    H, V, Vd, r = spec.hidden_size, spec.vocab_size, spec.draft_vocab_size, spec.markov_rank
-    nh = c.get("num_attention_heads") or 1
-    nkv = c.get("num_key_value_heads") or nh
-    hd = c.get("head_dim") or H // nh
-    inter = c.get("intermediate_size") or 4 * H
-    req: dict[str, tuple[int, ...]] = {}
-    for i in range(spec.num_layers):
-        p = f"layers.{i}."
-        req[p + "self_attn.q_proj.weight"] = (nh * hd, H)
-        req[p + "self_attn.k_proj.weight"] = (nkv * hd, H)
-        req[p + "self_attn.v_proj.weight"] = (nkv * hd, H)
-        req[p + "self_attn.o_proj.weight"] = (H, nh * hd)
-        req[p + "self_attn.q_norm.weight"] = (hd,)
-        req[p + "self_attn.k_norm.weight"] = (hd,)
-        req[p + "mlp.gate_proj.weight"] = (inter, H)
-        req[p + "mlp.up_proj.weight"] = (inter, H)
-        req[p + "mlp.down_proj.weight"] = (H, inter)
-        req[p + "input_layernorm.weight"] = (H,)
-        req[p + "post_attention_layernorm.weight"] = (H,)
-        if c.get("attention_bias"):
-            req[p + "self_attn.q_proj.bias"] = (nh * hd,)
-            req[p + "self_attn.k_proj.bias"] = (nkv * hd,)
-            req[p + "self_attn.v_proj.bias"] = (nkv * hd,)
-    req["fc.weight"] = (H, len(spec.target_layer_ids) * spec.target_hidden_size)
-    req["hidden_norm.weight"] = (H,)
-    req["norm.weight"] = (H,)
-    optional = {"embed_tokens.weight": (V, H), "lm_head.weight": (Vd, H)}
-    if spec.variant == "dspark":
-        req["markov_head.markov_w1.weight"] = (V, r)
-        req["markov_head.markov_w2.weight"] = (Vd, r)
-        if spec.confidence_head:
-            req["confidence_head.proj.weight"] = (1, H + (r if spec.confidence_head_with_markov else 0))
-            req["confidence_head.proj.bias"] = (1,)
-    if Vd != V:
-        req["d2t"] = (Vd,)
-        req["lm_head.weight"] = (Vd, H)
-    shapes = {**optional, **req}
-    return shapes, set(optional) - set(req)
+    from .families import expected_tensors
+
+    expected, _ = expected_tensors(spec)
+    return {e.name: e.shape for e in expected}, {e.name for e in expected if e.optional}
 
 
 def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
@@ -190,11 +178,11 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
                 "reads `markov_rank` unconditionally)", location=f"{cfg_file} key markov_rank",
                 expected=f"markov_rank: {w1.shape[-1]} (markov_w1 is {list(w1.shape)})", found="absent or 0",
                 hint="add markov_rank to config.json")
-    if spec.mask_token_id is None:
+    if spec.mask_token_id is None and spec.variant != "eagle3":  # EAGLE-3 drafts autoregressively: no mask slots
         out.add("DSH102", "no mask token: vLLM needs one of dflash_config.mask_token_id, mask_token_id, "
                 "dspark_noise_token_id, pard_token, ptd_token_id", location=cfg_file,
                 hint="set mask_token_id to the token the drafter was trained with in the masked slots")
-    elif not 0 <= spec.mask_token_id < spec.vocab_size:
+    elif spec.mask_token_id is not None and not 0 <= spec.mask_token_id < spec.vocab_size:
         out.add("DSH102", "mask token id is outside the drafter's input vocab", location=f"{cfg_file} key mask_token_id",
                 expected=f"0 <= id < {spec.vocab_size}", found=spec.mask_token_id)
     ids = spec.target_layer_ids
@@ -205,7 +193,8 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
         out.add("DSH105", f"Markov head type {spec.markov_head_type!r}: vLLM 0.32 implements only the vanilla "
                 "low-rank head and would fail on its extra tensors", location=f"{cfg_file} key markov_head_type",
                 expected="vanilla", found=spec.markov_head_type)
-    if spec.variant == "dspark" and "sample_from_anchor" not in cfg and d.recipe.name not in ("speculators",):
+    if spec.variant == "dspark" and "sample_from_anchor" not in cfg \
+            and d.recipe.name not in ("speculators", "k3-dspark", "deepseek-v4"):
         out.add("DSH106", f"sample_from_anchor is implicit; this {spec.block_layout} drafter relies on vLLM's native "
                 "default (true), while vLLM's speculators reader defaults it to false", location=cfg_file,
                 expected=f"sample_from_anchor: {str(spec.block_layout == ANCHOR_FIRST).lower()}", found="absent",
@@ -217,17 +206,23 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
                 "that method, not DSpark", location=str(d.checkpoint.path),
                 hint='always pass "method": "dspark" in --speculative-config, or rename the folder')
 
-    shapes, optional = expected_tensor_shapes(spec)
+    _check_layout_rules(d, out)
+    from .families import expected_tensors
+
+    expected, open_layers = expected_tensors(spec)
+    shapes = {e.name: e.shape for e in expected}
+    optional = {e.name for e in expected if e.optional}
     present = spec.tensors
     for name, shape in shapes.items():
         if name not in present:
             if name not in optional:
-                out.add("DSH201", f"tensor {name!r} is missing", location=f"tensor {name}", expected=list(shape),
+                out.add("DSH201", f"tensor {name!r} is missing", location=f"tensor {name}",
+                        expected=list(shape) if shape is not None else "present",
                         hint="vLLM 0.32 does not report missing DSpark tensors; the drafter would run on "
                              "uninitialised memory")
             continue
         found = present[name].shape
-        if found != shape:
+        if shape is not None and found != shape:
             if name == "fc.weight":
                 A = len(spec.target_layer_ids)
                 out.add("DSH204", f"tensor `fc.weight` has shape {list(found)}, expected {list(shape)} = "
@@ -238,7 +233,11 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
                 out.add("DSH203", f"tensor {name!r} has shape {list(found)}, expected {list(shape)}",
                         location=f"tensor {name}", expected=list(shape), found=list(found))
     confidence = {"confidence_head.proj.weight", "confidence_head.proj.bias"}
+    if open_layers:
+        _check_stage_names(spec, out)
     for name in sorted(set(present) - set(shapes)):
+        if open_layers and re.match(r"layers\.(\d+)\.", name) and int(name.split(".")[1]) < spec.num_layers:
+            continue
         if name in confidence and not spec.confidence_head:
             out.add("DSH108", f"tensor {name!r} ships but enable_confidence_head is false; vLLM drops it",
                     location=f"tensor {name}", hint="set enable_confidence_head: true, or drop the tensor")
@@ -250,7 +249,8 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
         _check_d2t(d, out)
     floats = {t.dtype for n, t in present.items() if t.dtype in ("F16", "BF16", "F32") and n != "d2t"
               and not n.startswith("confidence_head")}
-    if len(floats) > 1:
+    # DeepSeek-V4 stages mix BF16 / F32 (hyper-connection params, attn_sink) and FP8 by design
+    if len(floats) > 1 and spec.family != "deepseek-v4":
         out.add("DSH206", f"weights mix floating dtypes {sorted(floats)}", found=sorted(floats),
                 hint="vLLM casts to one dtype at load; make sure the lossy direction is intended")
     if n is not None:
@@ -262,6 +262,71 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
         elif n < p:
             out.add("DSH402", f"num_speculative_tokens {n} is below the {p} tokens a block was trained to "
                     "propose (allowed by vLLM 0.32)", expected=p, found=n)
+
+
+def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:
+    """Rules specific to one layout: K3DSparkConfig's refusals, V4 stage counts, hidden-state id 0."""
+    spec, cfg = d.spec, d.checkpoint.config
+    cfg_file = str(Path(d.checkpoint.path) / "config.json")
+    if d.recipe.name == "k3-dspark":
+        # vLLM 0.32 transformers_utils/configs/k3_dspark.py K3DSparkConfig.__init__
+        for key in ("mla_use_nope", "mla_use_output_gate", "mla_use_qk_norm", "dspark_bonus_anchor"):
+            if cfg.get(key):
+                out.add("DSH109", f"`{key}` is true; vLLM's MLA DSpark does not support it",
+                        location=f"{cfg_file} key {key}", expected="false", found=cfg.get(key))
+        if "q_lora_rank" in cfg and cfg["q_lora_rank"] is None:
+            out.add("DSH109", "`q_lora_rank` is null; vLLM's MLA DSpark needs the low-rank query path",
+                    location=f"{cfg_file} key q_lora_rank", expected="an integer (1536 for Kimi K3)", found="null")
+        if spec.draft_vocab_size != spec.vocab_size:
+            out.add("DSH109", "MLA DSpark requires draft_vocab_size == vocab_size (it shares the target's LM head)",
+                    location=f"{cfg_file} key draft_vocab_size", expected=spec.vocab_size,
+                    found=spec.draft_vocab_size)
+        n = cfg.get("num_target_layers")
+        if n != len(spec.target_layer_ids):
+            out.add("DSH109", "`num_target_layers` must equal len(target_layer_ids) in a K3 config (the target's "
+                    "layer count is `target_num_hidden_layers`)", location=f"{cfg_file} key num_target_layers",
+                    expected=len(spec.target_layer_ids), found=n)
+    if d.recipe.name == "speculators" and "sample_from_anchor" not in cfg:
+        # vLLM 0.32 speculators/algos.py update_dspark / update_dflash: config_dict.get("sample_from_anchor", False);
+        # speculators' DSparkSpeculatorConfig defaults it to True
+        out.add("DSH113", f"sample_from_anchor is absent: vLLM serves this {spec.variant} drafter as 1+N "
+                f"({spec.proposals_per_block} proposals per block), while speculators' own DSpark default is "
+                "anchor-first; if it was trained anchor-first every slot is shifted by one",
+                location=f"{cfg_file} key sample_from_anchor", expected="true or false, written explicitly",
+                found="absent", hint="check how it was trained, then convert with --declare-block-layout "
+                                     "anchor_first if needed (convert always writes the key)")
+    if d.recipe.stages:
+        for key, code in (("num_nextn_predict_layers", "DSH110"), ("n_mtp_layers", "DSH111")):
+            declared = cfg.get(key)
+            if declared is not None and declared != spec.num_layers:
+                out.add(code, f"`{key}` says {declared} but the checkpoint holds {spec.num_layers} drafter stages "
+                        f"(mtp.0 .. mtp.{spec.num_layers - 1}); dsparkhub trusts the tensors",
+                        location=f"{cfg_file} key {key}", expected=spec.num_layers, found=declared,
+                        hint="vLLM's DSpark path counts stages from the checkpoint, not from this key")
+    numbering = d.recipe.data.get("target_layer_ids_numbering")
+    if numbering == "hidden_state_index" and -1 in spec.target_layer_ids:
+        keys = d.recipe.read_keys("target_layer_ids")
+        out.add("DSH308", "hidden-state index 0 (the embedding output) is among the target layer ids; in this "
+                "layout ids are layer index + 1", location=f"{cfg_file} key {keys[0] if keys else '?'}",
+                found=[i + 1 for i in spec.target_layer_ids],
+                hint=f"if the ids were copied from a layer-index config, add 1 to each: "
+                     f"{[i + 2 for i in spec.target_layer_ids]}")
+
+
+def _check_stage_names(spec: DraftSpec, out: _Collector) -> None:
+    """Every stage of an open-layer family (DeepSeek-V4) must hold the same parameter names."""
+    per_stage: dict[int, set[str]] = {i: set() for i in range(spec.num_layers)}
+    for name in spec.tensors:
+        m = re.match(r"layers\.(\d+)\.(.+)", name)
+        if m and int(m.group(1)) in per_stage:
+            per_stage[int(m.group(1))].add(m.group(2))
+    union = set().union(*per_stage.values()) if per_stage else set()
+    for i, names in per_stage.items():
+        missing = sorted(union - names)
+        if missing:
+            out.add("DSH112", f"stage {i} lacks {len(missing)} parameter(s) the other stages hold, e.g. "
+                    f"{missing[:3]}", location=f"stage mtp.{i}",
+                    expected=f"{len(union)} parameters per stage", found=len(names))
 
 
 def _check_d2t(d: OpenedDraft, out: _Collector) -> None:
@@ -316,11 +381,34 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
                 "normed (DeepSpec refuses it)", location=f"{cfg_file} key target_layer_ids",
                 expected=f"<= {L - 2}", found=ids,
                 hint="if these are hidden-state indices, subtract 1 from each" if min(ids) >= 1 else "")
-    if spec.num_target_layers is not None and spec.layout in ("deepspec", "vllm", "zlab-dflash") \
+    if spec.num_target_layers is not None \
+            and spec.layout in ("deepspec", "vllm", "zlab-dflash", "k3-dspark", "speculators") \
             and spec.num_target_layers != L:
         out.add("DSH306", "the drafter records a target with another number of layers",
                 location=f"{cfg_file} key num_target_layers", expected=L, found=spec.num_target_layers,
                 hint=f"is {t.source} the target this drafter was trained on?")
+    named = spec.target_ref.get("name_or_path")
+    repo = None
+    if t.manifest:
+        from .manifests import get_manifest
+
+        repo = get_manifest(t.manifest).repo_id
+    elif not t.local:
+        repo = t.source.partition("@")[0]
+    if named and repo and named.rstrip("/").lower() != repo.lower():
+        out.add("DSH310", f"the drafter's config names its target (verifier) {named!r}, but it is checked against "
+                f"{repo!r}", location=f"{cfg_file} key speculators_config.verifier.name_or_path", expected=repo,
+                found=named, hint="a drafter only drafts well for the target it was trained on; vLLM serves the "
+                                  "verifier named here when given this drafter folder alone")
+    usual = t.default_target_layer_ids
+    if usual and len(usual) == len(ids) and list(ids) != list(usual):
+        for shift in (1, -1):
+            if [i + shift for i in ids] == list(usual):
+                out.add("DSH309", f"target layer ids {ids} are {t.source}'s usual drafter ids {list(usual)} shifted "
+                        f"by {-shift:+d}: hidden-state indices read as layer indices (or the reverse)?",
+                        location=f"{cfg_file} key target_layer_ids", expected=list(usual), found=ids,
+                        hint="layer index i = HF output_hidden_states[i + 1]; speculators / DeepSeek-V4 ids are "
+                             "hidden-state indices")
     for own, ref, label in (("embed_tokens.weight", t.embed, "embedding"), ("lm_head.weight", t.lm_head, "LM head")):
         if ref is None:
             out.add("DSH307", f"the target's {label} tensor was not found in its headers; copies not compared",

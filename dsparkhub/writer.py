@@ -2,26 +2,57 @@
 
 Owns: the output folder's life cycle (a temporary folder next to OUT, renamed into place only when complete; an
 existing OUT refused unless overwrite; a concurrent writer of the same OUT fails cleanly) and writing tensors into
-size-capped safetensors shards with ``safetensors.torch.save_file`` plus ``model.safetensors.index.json``.
+size-capped safetensors shards plus ``model.safetensors.index.json``.
 
-Memory: tensors are read one at a time from their source shard and held only until their output shard is written,
-so peak memory is about one output shard (``max_shard_bytes``, by default the largest tensor + 256 MiB) plus one
-tensor. Format writing is left to the ``safetensors`` library.
+Memory and speed: a plain copy is described by :class:`SourceBytes` and streamed file to file with
+``os.copy_file_range`` (the kernel copies, as ``cp`` does), so converting a multi-GB drafter holds no tensor in memory
+and needs no torch; only computed tensors (e.g. speculators ``t2d``) are held, one shard's worth at most. The file
+format is written here (a few lines: the safetensors spec is an 8-byte header length, a JSON header, the data)
+because ``safetensors.torch.save_file`` needs every tensor of a shard in memory at once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import errno
 import json
 import os
 import shutil
+import struct
+import threading
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import OutputExistsError
+from .errors import CheckpointFormatError, OutputExistsError
 
 SHARD_SLACK = 256 << 20
+_KILL_COUNT = 0
+
+
+def kill_point(label: str) -> None:
+    """Crash-safety test hook (a no-op unless ``DSPARKHUB_TEST_KILL_AT`` is set).
+
+    Every write step (a shard's header, each tensor, each JSON file, each rename of the output folder) calls this.
+    With ``DSPARKHUB_TEST_KILL_AT=n`` the process sends itself SIGKILL at the n-th call, so a test can prove that
+    OUT is absent or complete after a crash at *every* point (``tests/test_crash_safety.py``). With
+    ``DSPARKHUB_TEST_KILL_LOG=FILE`` each call appends its label to FILE (to count the points of a run).
+    """
+    at, log = os.environ.get("DSPARKHUB_TEST_KILL_AT"), os.environ.get("DSPARKHUB_TEST_KILL_LOG")
+    if not at and not log:
+        return
+    global _KILL_COUNT
+    _KILL_COUNT += 1
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{_KILL_COUNT} {label}\n")
+    if at and _KILL_COUNT == int(at):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @contextmanager
@@ -43,7 +74,15 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # full disk / quota / file-size limit
+                raise OSError(exc.errno, f"{exc.strerror} while writing the output; nothing was written to OUT (the "
+                              "partial temporary folder is removed): free some space or write OUT on another disk",
+                              str(out)) from None
+            raise
+        kill_point(f"before moving {tmp.name} into place")
         old = None
         if out.exists():
             if not overwrite:
@@ -51,6 +90,7 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
                                         path=out)
             old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
             os.rename(out, old)
+            kill_point(f"moved the old {out.name} aside")
         try:
             os.rename(tmp, out)
         except OSError as exc:
@@ -58,34 +98,210 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
                 os.rename(old, out)
             raise OutputExistsError(f"could not move the finished output into place: {exc.strerror}",
                                     path=out) from None
+        kill_point(f"moved {tmp.name} to {out.name}")
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_symlink() or not old.is_dir():  # rmtree refuses links (and files): unlink, never follow
+                old.unlink()
+            else:
+                shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write_json(path: str | Path, data: dict) -> None:
-    """Write ``data`` as indented JSON with a trailing newline (config.json style)."""
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+def write_json(path: str | Path, data: dict, *, indent: int | None = 2) -> None:
+    """Write ``data`` as JSON with a trailing newline (indented, config.json style, unless ``indent`` is None).
+
+    ``indent=None`` is for large files such as the index of a 160 GB target (~70k entries): Python's C encoder only
+    runs without indentation, and is ~10x faster.
+    """
+    Path(path).write_text(json.dumps(data, indent=indent, sort_keys=False) + "\n")
+    kill_point(f"wrote {Path(path).name}")
+
+
+@dataclass(frozen=True)
+class SourceBytes:
+    """A tensor copied byte for byte from an existing safetensors file, never loaded into memory.
+
+    A ``load()`` of :func:`write_shards` returns this instead of a ``torch.Tensor`` for plain copies: the bytes go
+    from the source file to the output with ``os.copy_file_range`` (inside the kernel, like ``cp``), so peak memory
+    does not grow with the tensor and torch is not needed.
+
+    Attributes:
+        path: the source safetensors file.
+        start: byte offset of the tensor's data from the start of that file (header included).
+        nbytes: size of the data.
+        dtype: safetensors dtype code (``"BF16"``, ...).
+        shape: dimensions.
+    """
+
+    path: str
+    start: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+#: torch dtype name -> safetensors dtype code (safetensors ``torch.py`` _TYPES, inverted).
+_TORCH_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "uint16": "U16",
+                "uint32": "U32", "uint64": "U64", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+                "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4", "complex64": "C64"}
+
+
+def _entry(name: str, payload) -> tuple[str, list[int], int, object]:
+    """``(dtype code, shape, nbytes, payload)`` of a SourceBytes or a torch tensor (made contiguous)."""
+    if isinstance(payload, SourceBytes):
+        return payload.dtype, list(payload.shape), payload.nbytes, payload
+    tensor = payload.contiguous()
+    code = _TORCH_CODES.get(str(tensor.dtype).removeprefix("torch."))
+    if code is None:
+        raise CheckpointFormatError(f"tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot store")
+    shape = list(tensor.shape)
+    if code == "F4":  # float4_e2m1fn_x2 packs two values per element; safetensors counts values
+        shape[-1] *= 2
+    return code, shape, tensor.numel() * tensor.element_size(), tensor
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _copy_range(src: SourceBytes, dst_fd: int, name: str) -> None:
+    """Copy ``src``'s bytes to the current position of ``dst_fd`` inside the kernel (``os.copy_file_range``, as
+    ``cp`` does; read / write fallback where the filesystem refuses)."""
+    with open(src.path, "rb", buffering=0) as f:
+        pos, left = src.start, src.nbytes
+        use_cfr = hasattr(os, "copy_file_range")
+        while left:
+            n = 0
+            if use_cfr:
+                try:
+                    n = os.copy_file_range(f.fileno(), dst_fd, min(left, 1 << 30), pos)
+                except OSError:  # EXDEV on old kernels, EINVAL / ENOSYS on some filesystems
+                    use_cfr = False
+                    continue
+            else:
+                chunk = os.pread(f.fileno(), min(left, 8 << 20), pos)
+                _write_all(dst_fd, chunk)
+                n = len(chunk)
+            if n == 0:
+                raise CheckpointFormatError(f"tensor {name!r} is cut short by the end of its source file "
+                                            f"({left} of {src.nbytes} bytes missing)", path=src.path)
+            pos += n
+            left -= n
+
+
+def _tensor_bytes(tensor):
+    import torch
+
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def _hash_payloads(hasher, head: bytes, entries: list, stop: threading.Event) -> None:
+    """Feed ``hasher`` the bytes of the file being written (header, then each tensor from its source), on another
+    thread while the kernel copies: the output's sha256 without reading the output back. A short source stops
+    quietly (the copy reports it)."""
+    hasher.update(head)
+    buf = bytearray(8 << 20)  # one buffer reused: a fresh 8 MiB object per read costs 2048 page faults
+    view = memoryview(buf)
+    for _, _, _, nbytes, data in entries:
+        if stop.is_set():
+            return
+        if isinstance(data, SourceBytes):
+            with open(data.path, "rb", buffering=0) as f:
+                pos, left = data.start, data.nbytes
+                while left and not stop.is_set():
+                    n = os.preadv(f.fileno(), [view[:min(left, len(buf))]], pos)
+                    if not n:
+                        return
+                    hasher.update(view[:n])
+                    pos += n
+                    left -= n
+        elif nbytes:
+            hasher.update(_tensor_bytes(data))
+
+
+def write_safetensors(path: Path, payloads: list[tuple[str, object]], metadata: dict[str, str], *,
+                      hasher=None) -> None:
+    """Write one safetensors file from ``(name, torch.Tensor | SourceBytes)`` pairs.
+
+    Format (safetensors spec): 8-byte little-endian header length, JSON header padded with spaces to a multiple of
+    8, then the data. Tensors are laid out by decreasing element size, as the ``safetensors`` library does, so every
+    tensor's data is aligned to its element size.
+
+    Args:
+        path: the file to create (truncated if it exists).
+        payloads: tensors in output order.
+        metadata: ``__metadata__`` (strings only).
+        hasher: a ``hashlib`` object fed every byte written, on a second thread while the kernel copies (the
+            file's sha256 at no extra wall time on two cores, without reading the output back).
+
+    Raises:
+        CheckpointFormatError: a source is cut short, or a tensor's dtype has no safetensors code.
+    """
+    from .checkpoint import DTYPE_BITS
+
+    entries = [(name, *_entry(name, p)) for name, p in payloads]
+    entries.sort(key=lambda e: -DTYPE_BITS[e[1]])  # stable: output order kept within an element size
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name, dtype, shape, nbytes, _ in entries:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    head = struct.pack("<Q", len(raw)) + raw
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1) if hasher is not None else None
+    hashing = pool.submit(_hash_payloads, hasher, head, entries, stop) if pool is not None else None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, head)
+        kill_point(f"wrote the header of {path.name}")
+        for name, _, _, nbytes, data in entries:
+            if isinstance(data, SourceBytes):
+                _copy_range(data, fd, name)
+            elif nbytes:
+                _write_all(fd, _tensor_bytes(data))
+            kill_point(f"wrote tensor {name} to {path.name}")
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        os.close(fd)
+        if pool is not None:
+            pool.shutdown(wait=True)
+    if hashing is not None:
+        hashing.result()
 
 
 def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], object]]], *,
-                 max_shard_bytes: int | None = None, metadata: dict[str, str] | None = None) -> list[str]:
+                 max_shard_bytes: int | None = None, metadata: dict[str, str] | None = None,
+                 sha256: dict[str, str] | None = None) -> list[str]:
     """Write tensors into ``model.safetensors`` or ``model-XXXXX-of-YYYYY.safetensors`` + index.
 
     Args:
         folder: destination folder (normally the temporary folder of :func:`atomic_output`).
-        items: ``(name, nbytes, load)`` triples in output order; ``load()`` returns the ``torch.Tensor`` and is
-            called only when the tensor is about to be buffered.
+        items: ``(name, nbytes, load)`` triples in output order; ``load()`` returns a ``torch.Tensor`` (computed
+            tensors) or a :class:`SourceBytes` (plain copies, streamed file to file without entering memory) and is
+            called only when its shard is about to be written.
         max_shard_bytes: shard size cap; default = the largest tensor + 256 MiB.
         metadata: safetensors ``__metadata__`` (``{"format": "pt"}`` is always set).
+        sha256: when given, filled with ``{shard file name: hex sha256}`` computed while writing, on a second
+            thread from the same sources (the output is not read back).
 
     Returns:
         Shard file names written.
-    """
-    from safetensors.torch import save_file
 
+    Raises:
+        CheckpointFormatError: a source file is shorter than a SourceBytes says, or a tensor's dtype has no
+            safetensors code.
+
+    Memory: only tensors returned as ``torch.Tensor`` are held, one shard's worth at most; copies stream.
+    """
     items = list(items)
     cap = max_shard_bytes or (max((n for _, n, _ in items), default=0) + SHARD_SLACK)
     groups: list[list[tuple[str, int, Callable]]] = [[]]
@@ -101,9 +317,10 @@ def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], obje
              [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
     weight_map: dict[str, str] = {}
     for fname, group in zip(names, groups):
-        tensors = {name: load().contiguous() for name, _, load in group}
-        save_file(tensors, str(folder / fname), metadata=meta)
-        del tensors
+        h = hashlib.sha256() if sha256 is not None else None
+        write_safetensors(folder / fname, [(name, load()) for name, _, load in group], meta, hasher=h)
+        if h is not None:
+            sha256[fname] = h.hexdigest()
         weight_map.update({name: fname for name, _, _ in group})
     if len(names) > 1:
         write_json(folder / "model.safetensors.index.json",

@@ -1,0 +1,520 @@
+"""Model card (README.md + plots) for a drafter folder, generated from ``dsparkhub verify`` results files only.
+
+This module owns the card: Hub YAML metadata (``huggingface_hub.ModelCardData``), the rendered Jinja2 template
+(``dsparkhub/templates/model_card.md.j2``, overridable), matplotlib plots, and the refusals that keep a card honest:
+
+- every number comes from a results file (or the drafter's own ``config.json`` / ``dsparkhub_provenance.json``);
+  there is no way to type one in;
+- results whose drafter fingerprint differs from the folder's ``checkpoint_fingerprint`` are refused
+  (:class:`ResultsError` naming both hashes), and so are results of a run that was not lossless;
+- numbers from the CPU reference engine are labelled as such and never presented as GPU serving speedups (they do
+  not enter ``model-index`` as speedups, and the ready-to-paste serve command says where its n came from).
+
+Card layout follows the speculator cards surveyed in reference/speculators_hub.md B.4-B.6 (RedHatAI speculators,
+z-lab DFlash): overview, use with vLLM, evaluation tables, how measured, provenance, caveats.
+
+It does not measure (``dsparkhub.verify``) or upload (``dsparkhub.hub``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import CheckpointNotFoundError, DsparkhubError, ResultsError
+from .hashing import checkpoint_fingerprint
+from .verify.results import VerifyResults
+
+PROVENANCE_FILE = "dsparkhub_provenance.json"
+DEFAULT_TEMPLATE = "model_card.md.j2"
+ASSETS_DIR = "assets"
+ENGINE_LABELS = {"vllm": "vLLM offline engine", "vllm-serve": "vLLM server"}
+METHOD_LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3"}
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class CardError(DsparkhubError, ValueError):
+    """The card cannot be rendered (bad template, missing drafter config, nothing to report)."""
+
+
+@dataclass
+class CardOutput:
+    """What :func:`write_card` wrote: the README and the plot files (absolute paths)."""
+
+    readme: Path
+    plots: list[Path] = field(default_factory=list)
+
+
+# ---- inputs -------------------------------------------------------------------------------------------------------
+
+
+def load_results_for(draft: str | Path, paths: list[str | Path]) -> list[VerifyResults]:
+    """Load results files and check they may go on this drafter's card.
+
+    Raises:
+        CardError: no results file given.
+        ResultsError: a file is malformed (see ``VerifyResults.load``), its ``drafter.fingerprint`` is not the
+            folder's ``checkpoint_fingerprint`` (both hashes named), or its run was not lossless.
+    """
+    if not paths:
+        raise CardError("a card needs at least one results file from `dsparkhub verify` (--results)")
+    folder = Path(draft)
+    if not folder.is_dir():
+        raise CheckpointNotFoundError(f"drafter folder {folder} does not exist", path=folder)
+    fingerprint = checkpoint_fingerprint(folder)
+    out = []
+    for p in paths:
+        res = VerifyResults.load(p)
+        if res.drafter.fingerprint != fingerprint:
+            raise ResultsError(
+                f"results were measured on drafter fingerprint {res.drafter.fingerprint} but the folder {folder} "
+                f"has fingerprint {fingerprint}", path=p,
+                hint="re-run `dsparkhub verify` on this folder; a card only reports numbers measured on these exact "
+                     "weights and config")
+        if res.lossless is False:
+            hit = res.first_mismatch()
+            where = f" (dataset {hit[0]!r}, num_speculative_tokens={hit[1].num_speculative_tokens})" if hit else ""
+            raise ResultsError(f"results come from a run that was not lossless{where}; a card cannot publish them",
+                               path=p, hint="fix the drafter / engine until `dsparkhub verify` passes")
+        out.append(res)
+    return out
+
+
+def read_provenance(draft: str | Path) -> dict | None:
+    """``dsparkhub_provenance.json`` of the drafter folder, or None when absent.
+
+    Raises:
+        ResultsError: the file exists but is not a JSON object.
+    """
+    path = Path(draft) / PROVENANCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"not valid JSON ({exc.msg} at line {exc.lineno})", path=path) from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"expected a JSON object, found {type(data).__name__}", path=path)
+    return data
+
+
+def read_config(draft: str | Path) -> dict:
+    """The drafter's ``config.json`` (the facts the overview shows).
+
+    Raises:
+        CardError: missing or invalid ``config.json``.
+    """
+    path = Path(draft) / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CardError("drafter folder has no config.json", path=draft) from None
+    except json.JSONDecodeError as exc:
+        raise CardError(f"config.json is not valid JSON ({exc.msg})", path=path) from None
+    if not isinstance(cfg, dict):
+        raise CardError("config.json is not a JSON object", path=path)
+    return cfg
+
+
+# ---- formatting ---------------------------------------------------------------------------------------------------
+
+
+def fmt(x: float | None, digits: int = 2, suffix: str = "", signed: bool = False) -> str:
+    """A number for the card (``-`` for None)."""
+    if x is None:
+        return "-"
+    return f"{x:{'+' if signed else ''}.{digits}f}{suffix}"
+
+
+def _is_repo_id(value: str | None) -> bool:
+    return bool(value) and bool(_REPO_ID.match(value)) and not Path(value).exists()
+
+
+def _config_facts(cfg: dict) -> list[tuple[str, str]]:
+    """Overview bullets from the drafter config (only keys that are present)."""
+    dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
+    facts = []
+
+    def add(label, value):
+        if value is not None and value != []:
+            facts.append((label, value if isinstance(value, str) else json.dumps(value)))
+
+    add("Architecture", ", ".join(cfg.get("architectures") or []) or None)
+    add("Block size", cfg.get("block_size", dflash.get("block_size")))
+    add("Draft layers", cfg.get("num_hidden_layers"))
+    add("Hidden size", cfg.get("hidden_size"))
+    add("Target layer ids (layer index)", cfg.get("target_layer_ids", dflash.get("target_layer_ids")))
+    add("Mask token id", cfg.get("mask_token_id", dflash.get("mask_token_id")))
+    add("Markov rank", cfg.get("markov_rank"))
+    add("Markov head", cfg.get("markov_head_type"))
+    add("Confidence head", cfg.get("enable_confidence_head"))
+    add("Draft vocab", cfg.get("draft_vocab_size"))
+    add("Target vocab", cfg.get("vocab_size"))
+    add("Weights dtype", cfg.get("torch_dtype") or cfg.get("dtype"))
+    return facts
+
+
+def _best_n(res: VerifyResults) -> int:
+    """The n with the highest mean speedup (ties: the smaller n); the largest mean τ when no speedup was timed."""
+    rows = [r for r in res.summary if r.mean_speedup is not None]
+    if rows:
+        return max(rows, key=lambda r: (r.mean_speedup, -r.num_speculative_tokens)).num_speculative_tokens
+    rows = [r for r in res.summary if r.mean_tau is not None] or res.summary
+    return max(rows, key=lambda r: (r.mean_tau or 0.0, -r.num_speculative_tokens)).num_speculative_tokens
+
+
+def serve_commands(res: VerifyResults, *, target: str, model: str) -> dict[str, Any]:
+    """The ``vllm serve`` command line and the matching Python ``LLM(...)`` call for the best n of ``res``.
+
+    Settings (TP, max_model_len, compilation config) are those the numbers were measured under.
+    """
+    n = _best_n(res)
+    spec = {"model": model, "method": res.method, "num_speculative_tokens": n}
+    s = res.settings
+    cli = [f"vllm serve {target}"]
+    py = [f"    model={target!r},"]
+    if s.tensor_parallel_size != 1:
+        cli.append(f"--tensor-parallel-size {s.tensor_parallel_size}")
+        py.append(f"    tensor_parallel_size={s.tensor_parallel_size},")
+    if s.max_model_len is not None:
+        cli.append(f"--max-model-len {s.max_model_len}")
+        py.append(f"    max_model_len={s.max_model_len},")
+    if s.compilation_config is not None:
+        cli.append(f"--compilation-config '{json.dumps(s.compilation_config)}'")
+        py.append(f"    compilation_config={s.compilation_config!r},")
+    cli.append(f"--speculative-config '{json.dumps(spec)}'")
+    py.append(f"    speculative_config={spec!r},")
+    python = ("from vllm import LLM, SamplingParams\n\n"
+              "llm = LLM(\n" + "\n".join(py) + "\n)\n"
+              f"params = SamplingParams(temperature={s.temperature!r}, max_tokens={s.max_new_tokens})\n"
+              'outputs = llm.generate(["..."], params)')
+    return {"n": n, "cli": " \\\n  ".join(cli), "python": python, "backend": res.engine.backend}
+
+
+# ---- plots --------------------------------------------------------------------------------------------------------
+
+
+def plot_acceptance(res: VerifyResults, path: Path) -> Path:
+    """PNG: mean per-position acceptance (unweighted over datasets) vs draft position, one line per n."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    for row in res.summary:
+        if row.mean_per_position_acceptance:
+            xs = list(range(1, len(row.mean_per_position_acceptance) + 1))
+            ax.plot(xs, row.mean_per_position_acceptance, marker="o", label=f"n={row.num_speculative_tokens}")
+    ax.set_xticks(range(1, max(res.settings.num_speculative_tokens) + 1))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (mean over datasets)")
+    ax.set_ylim(-0.03, 1.05)
+    ax.set_title(f"Per-position acceptance ({_engine_label(res)})", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+def plot_speedup(res: VerifyResults, path: Path) -> Path:
+    """PNG: speedup vs num_speculative_tokens, one line per dataset plus the unweighted mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    for ds in res.datasets:
+        pts = [(r.num_speculative_tokens, r.speedup) for r in ds.runs if r.speedup is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=ds.name)
+    mean = [(r.num_speculative_tokens, r.mean_speedup) for r in res.summary if r.mean_speedup is not None]
+    if mean:
+        ax.plot(*zip(*mean), marker="s", color="black", linestyle="--", label="mean")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(res.settings.num_speculative_tokens)
+    ax.set_xlabel("num_speculative_tokens")
+    ax.set_ylabel("speedup vs target alone" + (" (CPU reference engine)" if _is_reference(res) else ""))
+    ax.set_title(f"Speedup ({_engine_label(res)})", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+def _is_reference(res: VerifyResults) -> bool:
+    return res.engine.backend == "reference"
+
+
+def _engine_label(res: VerifyResults) -> str:
+    if _is_reference(res):
+        return f"dsparkhub CPU reference engine, {res.engine.device}" if "cpu" in res.engine.device.lower() \
+            else f"dsparkhub reference engine, {res.engine.device}"
+    return f"{res.engine.version}, {res.engine.device}"
+
+
+# ---- context ------------------------------------------------------------------------------------------------------
+
+
+def _plot_names(results: list[VerifyResults]) -> list[tuple[str, str]]:
+    """Relative plot paths per results file: plain names for one file, ``_<backend>[_b...]`` for several."""
+    if len(results) == 1:
+        return [(f"{ASSETS_DIR}/acceptance_per_position.png", f"{ASSETS_DIR}/speedup_vs_n.png")]
+    names, used = [], set()
+    for res in results:
+        tag = res.engine.backend.replace("-", "_")
+        k = 0
+        while (t := tag + ("" if k == 0 else "_" + chr(ord("a") + k))) in used:
+            k += 1
+        used.add(t)
+        names.append((f"{ASSETS_DIR}/acceptance_per_position_{t}.png", f"{ASSETS_DIR}/speedup_vs_n_{t}.png"))
+    return names
+
+
+def _section(res: VerifyResults, plots: tuple[str, str]) -> dict[str, Any]:
+    ns = res.settings.num_speculative_tokens
+    reference = _is_reference(res)
+    rows = []
+    for ds in res.datasets:
+        cells = []
+        for n in ns:
+            r = ds.run(n)
+            cells.append("-" if r is None else f"{fmt(r.speedup, suffix='x')} (τ {fmt(r.tau)})")
+        rows.append({"name": ds.name, "cells": cells})
+    mean = [f"{fmt(r.mean_speedup, suffix='x')} (τ {fmt(r.mean_tau)})" for r in res.summary]
+    change = None
+    if res.change is not None:
+        c = res.change
+        change = {"from_n": c.from_n, "to_n": c.to_n, "speedup": fmt(c.speedup_delta, signed=True, suffix="x"),
+                  "tau": fmt(c.tau_delta, signed=True)}
+    max_n = max(ns)
+    per_pos = [{"n": r.num_speculative_tokens,
+                "cells": [fmt(v) for v in r.mean_per_position_acceptance]
+                + [""] * (max_n - len(r.mean_per_position_acceptance))}
+               for r in res.summary]
+    details = [{"dataset": ds.name, "n": r.num_speculative_tokens, "prompts": r.prompts,
+                "output_tokens": r.output_tokens, "base_tps": fmt(r.baseline_tokens_per_s, 1),
+                "tps": fmt(r.tokens_per_s, 1), "dtps": fmt(r.draft_tokens_per_step),
+                "per_pos": " / ".join(fmt(v) for v in r.per_position_acceptance),
+                "lossless": {True: "yes", False: "NO", None: "not checked"}[r.lossless]}
+               for ds in res.datasets for r in ds.runs]
+    s = res.settings
+    if res.lossless is True:
+        lossless = ("yes: with greedy decoding every output was token-identical with and without the drafter "
+                    "(every dataset, every num_speculative_tokens)")
+    else:
+        lossless = f"not checked: temperature {s.temperature} samples, outputs are not comparable token by token"
+    return {
+        "title": ("CPU reference engine (dsparkhub PyTorch implementation)" if reference and
+                  "cpu" in res.engine.device.lower() else
+                  f"dsparkhub reference engine ({res.engine.device})" if reference else
+                  f"{ENGINE_LABELS.get(res.engine.backend, res.engine.backend)} ({res.engine.version}, "
+                  f"{res.engine.device})"),
+        "reference": reference,
+        "cpu_reference": reference and "cpu" in res.engine.device.lower(),
+        "engine": res.engine, "settings": s, "date": res.date, "dsparkhub_version": res.dsparkhub_version,
+        "target": res.target, "drafter": res.drafter,
+        "ns": ns, "positions": list(range(1, max_n + 1)),
+        "rows": rows, "mean": mean, "change": change, "per_pos": per_pos, "details": details,
+        "datasets": [{"name": ds.name, "source": ds.source, "prompts": ds.baseline.prompts} for ds in res.datasets],
+        "compilation_config": json.dumps(s.compilation_config) if s.compilation_config is not None else "default",
+        "lossless": lossless,
+        "plot_acceptance": plots[0], "plot_speedup": plots[1],
+    }
+
+
+def _card_data(results: list[VerifyResults], *, name: str, base_model: str | None, license: str,
+               method: str) -> str:
+    from huggingface_hub import EvalResult, ModelCardData
+
+    evals = []
+    for res in results:
+        label = "CPU reference engine" if _is_reference(res) else res.engine.backend
+        for ds in res.datasets:
+            for r in ds.runs:
+                if r.tau is not None:
+                    evals.append(EvalResult(task_type="text-generation", dataset_type=ds.name, dataset_name=ds.name,
+                                            metric_type="acceptance_length", metric_value=round(r.tau, 3),
+                                            metric_name=f"acceptance length τ (n={r.num_speculative_tokens}, "
+                                                        f"{label})"))
+                # CPU reference-engine wall-clock ratios are not serving speedups: kept out of model-index.
+                if r.speedup is not None and not _is_reference(res):
+                    evals.append(EvalResult(task_type="text-generation", dataset_type=ds.name, dataset_name=ds.name,
+                                            metric_type="speedup", metric_value=round(r.speedup, 3),
+                                            metric_name=f"speedup (n={r.num_speculative_tokens}, {label}, "
+                                                        f"{res.engine.device})"))
+    tags = ["speculative-decoding", method, "draft-model", "vllm"]
+    kwargs: dict[str, Any] = dict(library_name="vllm", pipeline_tag="text-generation", license=license,
+                                  tags=list(dict.fromkeys(tags)),
+                                  inference=False)
+    if base_model:
+        kwargs["base_model"] = base_model
+    if evals:
+        kwargs.update(model_name=name, eval_results=evals)
+    return ModelCardData(**kwargs).to_yaml()
+
+
+def _provenance_target(provenance: dict | None) -> str | None:
+    """The target recorded by ``dsparkhub convert`` (``target.source``; older files: a plain string)."""
+    t = (provenance or {}).get("target")
+    return t.get("source") if isinstance(t, dict) else t if isinstance(t, str) else None
+
+
+def _provenance_facts(provenance: dict | None) -> list[tuple[str, str]]:
+    """Bullets from ``dsparkhub_provenance.json`` (keys written by ``dsparkhub.convert``; absent keys skipped)."""
+    if not provenance:
+        return []
+    facts = []
+    src = provenance.get("source")
+    if isinstance(src, dict):
+        if src.get("path"):
+            facts.append(("Source checkpoint", f"`{src['path']}`" + (f" ({src['layout']} layout)"
+                                                                      if src.get("layout") else "")))
+        if isinstance(src.get("files"), dict) and src["files"]:
+            facts.append(("Source file hashes (sha256)",
+                          ", ".join(f"`{k}` `{v}`" for k, v in sorted(src["files"].items()))))
+    elif isinstance(src, str):
+        facts.append(("Source checkpoint", f"`{src}`"))
+    if provenance.get("layout"):
+        facts.append(("Written layout", str(provenance["layout"])))
+    if _provenance_target(provenance):
+        facts.append(("Converted against target", f"`{_provenance_target(provenance)}`"))
+    if provenance.get("options"):
+        facts.append(("Conversion options", f"`{json.dumps(provenance['options'], sort_keys=True)}`"))
+    version = provenance.get("version") or provenance.get("dsparkhub_version")
+    if version:
+        facts.append(("Converted with", f"dsparkhub {version}" + (f" on {provenance['created']}"
+                                                                  if provenance.get("created") else "")))
+    return facts
+
+
+def build_context(draft: str | Path, results: list[VerifyResults], *, license: str = "apache-2.0",
+                  base_model: str | None = None, repo_id: str | None = None) -> dict[str, Any]:
+    """Everything the template renders, derived from the results, the drafter config and its provenance.
+
+    Args:
+        draft: drafter folder.
+        results: checked results (see :func:`load_results_for`).
+        license: Hub license id.
+        base_model: target repo id for ``base_model``; default the provenance's or the results' target when it
+            is a Hub repo id (a local path is never written as ``base_model``).
+        repo_id: the drafter's Hub repo id (``NS/NAME``), used as ``model`` in the serve commands.
+
+    Raises:
+        CardError: the results disagree on the method, or the drafter config is unusable.
+    """
+    draft = Path(draft)
+    cfg = read_config(draft)
+    provenance = read_provenance(draft)
+    methods = {r.method for r in results}
+    if len(methods) != 1:
+        raise CardError(f"results files disagree on the method ({', '.join(sorted(methods))})")
+    method = methods.pop()
+    if base_model is None:
+        candidates = [_provenance_target(provenance)] + [r.target.id for r in results]
+        base_model = next((c for c in candidates if isinstance(c, str) and _is_repo_id(c)), None)
+    name = repo_id or draft.resolve().name
+    # Prefer a real engine's measurements for the serve command; the reference engine's best n is a hint only.
+    serve_res = next((r for r in results if not _is_reference(r)), results[0])
+    target = base_model or serve_res.target.id
+    model = repo_id or str(draft)
+    plots = _plot_names(results)
+    return {
+        "card_data": _card_data(results, name=name, base_model=base_model, license=license, method=method),
+        "name": name, "repo_id": repo_id, "method": method, "method_label": METHOD_LABELS.get(method, method),
+        "target": target, "base_model": base_model, "facts": _config_facts(cfg),
+        "serve": serve_commands(serve_res, target=target, model=model),
+        "serve_reference": _is_reference(serve_res),
+        "sections": [_section(r, p) for r, p in zip(results, plots)],
+        "provenance": provenance, "provenance_facts": _provenance_facts(provenance),
+        "provenance_json": json.dumps(provenance, indent=2, sort_keys=True) if provenance else None,
+        "dsparkhub_version": __version__,
+    }
+
+
+# ---- rendering ----------------------------------------------------------------------------------------------------
+
+
+def _environment(template: str | Path | None):
+    import jinja2
+
+    if template is None:
+        text = (resources.files("dsparkhub") / "templates" / DEFAULT_TEMPLATE).read_text(encoding="utf-8")
+        name = DEFAULT_TEMPLATE
+    else:
+        path = Path(template)
+        if not path.is_file():
+            raise CardError(f"card template {path} does not exist", path=path)
+        text, name = path.read_text(encoding="utf-8"), str(path)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
+                             lstrip_blocks=True, autoescape=False)
+    try:
+        return env.from_string(text), name
+    except jinja2.TemplateSyntaxError as exc:
+        raise CardError(f"card template {name} line {exc.lineno}: {exc.message}") from None
+
+
+def render_card(context: dict[str, Any], template: str | Path | None = None) -> str:
+    """Render the README text from a :func:`build_context` dict.
+
+    Raises:
+        CardError: the template does not exist, does not parse, or uses a variable the context lacks.
+    """
+    import jinja2
+
+    tmpl, name = _environment(template)
+    try:
+        return tmpl.render(**context)
+    except jinja2.UndefinedError as exc:
+        raise CardError(f"card template {name}: {exc.message}",
+                        hint="see dsparkhub/templates/model_card.md.j2 for the variables a template gets") from None
+
+
+def write_card(draft: str | Path, results_paths: list[str | Path], *, template: str | Path | None = None,
+               license: str = "apache-2.0", base_model: str | None = None,
+               repo_id: str | None = None) -> CardOutput:
+    """Write ``README.md`` and ``assets/*.png`` into the drafter folder from results files.
+
+    Everything is rendered into a temporary folder inside ``draft`` first; the plots are then renamed into
+    ``assets/`` and the README last, so a README never points at a missing plot. The drafter's config and weights
+    are not touched (its fingerprint does not change).
+
+    Raises:
+        ResultsError: a results file is malformed, from another drafter (both fingerprints named), or from a run
+            that was not lossless.
+        CardError: no results, bad template, unusable drafter config.
+    """
+    draft = Path(draft)
+    results = load_results_for(draft, list(results_paths))
+    context = build_context(draft, results, license=license, base_model=base_model, repo_id=repo_id)
+    text = render_card(context, template)
+    staging = Path(tempfile.mkdtemp(prefix=".dsparkhub-card-", dir=draft))
+    try:
+        written = []
+        for res, sec in zip(results, context["sections"]):
+            for rel, plot in ((sec["plot_acceptance"], plot_acceptance), (sec["plot_speedup"], plot_speedup)):
+                tmp = staging / Path(rel).name
+                plot(res, tmp)
+                written.append((tmp, draft / rel))
+        readme_tmp = staging / "README.md"
+        readme_tmp.write_text(text, encoding="utf-8")
+        (draft / ASSETS_DIR).mkdir(exist_ok=True)
+        for tmp, final in written:
+            os.replace(tmp, final)
+        os.replace(readme_tmp, draft / "README.md")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return CardOutput(readme=(draft / "README.md").resolve(), plots=[final.resolve() for _, final in written])

@@ -1,0 +1,646 @@
+"""The ``dsparkhub`` command line: one click group, an error -> message table, exit codes.
+
+Exit codes: 0 ok; 1 when the command could not do its job (bad input, validation errors, lossless broken, engine
+refused); 2 for usage errors (click's own). ``--debug`` or ``DSPARKHUB_DEBUG=1`` shows tracebacks.
+
+Only this module prints. Each command parses its options, calls one library function and renders its result.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import traceback
+
+import click
+
+from . import __version__
+from .errors import DsparkhubError
+
+
+def _debug_enabled(ctx: click.Context | None) -> bool:
+    if os.environ.get("DSPARKHUB_DEBUG", "") not in ("", "0"):
+        return True
+    while ctx is not None:
+        if ctx.obj and ctx.obj.get("debug"):
+            return True
+        ctx = ctx.parent
+    return False
+
+
+def _redact(text: str) -> str:
+    """Remove any Hugging Face token value present in the environment from ``text``."""
+    from .secrets import redact
+
+    return redact(text)
+
+
+def handle_errors(fn):
+    """Turn dsparkhub's own errors (and OS errors on the user's files) into one paragraph and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (DsparkhubError, OSError) as exc:
+            ctx = click.get_current_context(silent=True)
+            if _debug_enabled(ctx):
+                click.echo(_redact(traceback.format_exc()), err=True)
+            name = type(exc).__name__
+            click.echo(_redact(f"Error ({name}): {exc}"), err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+def echo_json(obj) -> None:
+    """Print ``obj`` as indented JSON on stdout."""
+    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dsparkhub")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors (also DSPARKHUB_DEBUG=1).")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Convert, validate, verify, card and push DSpark speculative-decoding drafters."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+# ---- commands (one section each; keep each command thin: parse options, call the library, render) ----------
+
+
+# ---- inspect / convert / validate (lead) ----------------------------------------------------------------------
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _print_spec(summary: dict, files: list[str]) -> None:
+    s = summary
+    rows = [
+        ("layout", s["layout"]), ("architecture", s["architecture"]), ("variant", s["variant"]),
+        ("family", s["family"]), ("draft layers", s["num_layers"]),
+        ("block size", f"{s['block_size']} ({s['block_layout']}: {s['proposals_per_block']} proposals per block)"),
+        ("target layer ids", f"{s['target_layer_ids']} (layer-index numbering: HF output_hidden_states[id + 1])"),
+        ("target layers / hidden", f"{s['num_target_layers']} / {s['target_hidden_size']}"),
+        ("Markov head", f"rank {s['markov_rank']}, {s['markov_head_type']}" if s["markov_rank"] else "none"),
+        ("confidence head", ("yes, input [h; W1[prev]]" if s["confidence_head_with_markov"] else "yes, input h")
+         if s["confidence_head"] else "no"),
+        ("vocab / draft vocab", f"{s['vocab_size']} / {s['draft_vocab_size']}"),
+        ("mask token id", s["mask_token_id"]), ("hidden size", s["hidden_size"]),
+        ("dtypes", ", ".join(f"{k} x{v}" for k, v in sorted(s["dtypes"].items()))),
+        ("parameters", f"{s['num_parameters']:,}"), ("bytes", _fmt_bytes(s["total_bytes"])),
+        ("files", ", ".join(files)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        click.echo(f"  {k:<{width}}  {v}")
+    for note in s.get("notes") or []:
+        click.echo(f"  note: {note}")
+
+
+_ALLOW_PICKLE_HELP = ("When the only weights are .bin / .pt / .pth pickle files, read them with "
+                      "torch.load(weights_only=True) (never a full unpickle) into a temporary safetensors copy.")
+
+
+def _pickle_source(path: str, allow_pickle: bool) -> str:
+    """``path``, or with ``--allow-pickle`` a temporary safetensors copy of a pickle-only checkpoint."""
+    if not allow_pickle:
+        return path
+    from .checkpoint import resolve_pickle
+
+    resolved = resolve_pickle(path)
+    if str(resolved) != str(path):
+        click.echo(f"note: read pickle weights of {path} with torch.load(weights_only=True) into {resolved}",
+                   err=True)
+    return str(resolved)
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--layout", help="Force the source layout (a converters/ recipe name) instead of detecting it.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (with the tensor list) instead of a summary.")
+@click.option("--allow-pickle", is_flag=True, help=_ALLOW_PICKLE_HELP)
+@handle_errors
+def inspect(path: str, layout: str | None, as_json: bool, allow_pickle: bool) -> None:
+    """Describe a drafter checkpoint (any known layout) from its config and safetensors headers."""
+    from .recipes import open_draft
+
+    d = open_draft(_pickle_source(path, allow_pickle), layout=layout)
+    if as_json:
+        echo_json({**d.spec.to_dict(), "path": d.checkpoint.path, "files": d.checkpoint.files})
+        return
+    click.echo(f"{d.checkpoint.path}  [{d.recipe.title}]")
+    _print_spec(d.spec.summary(), d.checkpoint.files)
+
+
+def _print_report(report) -> None:
+    for f in report.findings:
+        click.echo(f"  {f.severity.upper():7} {f.code}  {f.message}")
+        if f.location:
+            click.echo(f"          at {f.location}")
+        if f.expected or f.found:
+            click.echo(f"          expected {f.expected or '-'}, found {f.found or '-'}")
+        if f.hint:
+            click.echo(f"          hint: {f.hint}")
+    verdict = "clean" if not report.findings else ("ok" if report.ok else "FAILED")
+    click.echo(f"validate: {verdict} — {len(report.errors)} error(s), {len(report.warnings)} warning(s)"
+               + (f" against {report.target}" if report.target else " (no target given: target checks skipped)"))
+
+
+@main.command()
+@click.argument("draft", type=click.Path())
+@click.option("--target", help="Target: local HF folder, Hub repo id (headers only are read) or manifest name "
+              "(`dsparkhub manifests list`).")
+@click.option("--num-speculative-tokens", "-n", type=click.IntRange(min=1), help="The n you will serve with.")
+@click.option("--layout", help="Force the drafter's layout instead of detecting it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@handle_errors
+def validate(draft: str, target: str | None, num_speculative_tokens: int | None, layout: str | None,
+             as_json: bool) -> None:
+    """Check a drafter against its target and vLLM 0.32's contract (configs and headers only). Exit 1 on errors."""
+    from .validate import validate as run_validate
+
+    report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout)
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        click.echo(f"{report.draft}  [{report.layout}]")
+        _print_report(report)
+    if not report.ok:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("src", type=click.Path())
+@click.option("--target", help="Target: local HF folder, Hub repo id or manifest name (required unless --attach).")
+@click.option("--out", "out", required=True, type=click.Path(), help="Output folder (must not exist).")
+@click.option("--to", "to", default="vllm", show_default=True, help="Output layout (a converters/ recipe name).")
+@click.option("--layout", help="Force the source layout instead of detecting it.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder (atomically).")
+@click.option("--force", is_flag=True, help="Convert even when validation against the target finds errors.")
+@click.option("--keep-embeddings", is_flag=True, help="Keep embed_tokens / lm_head copies even when identical "
+              "to the target's.")
+@click.option("--max-shard-size", type=int, help="Output shard cap in bytes (default: largest tensor + 256 MiB).")
+@click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan / result as JSON.")
+@click.option("--declare-block-layout", type=click.Choice(["anchor_first", "one_plus_n"]),
+              help="State the drafter's block layout when its config implies the other one; the output then "
+                   "proposes a different number of tokens per block (recorded in provenance).")
+@click.option("--attach", "attach_to", type=click.Path(), help="Write OUT = this DeepSeek-V4-style target folder "
+              "with the drafter attached (mtp.* shards, dspark_* keys); target shards are hard-linked, not rewritten.")
+@click.option("--symlink", "link", flag_value="symlink", help="With --attach: symlink the target's files.")
+@click.option("--copy", "link", flag_value="copy", help="With --attach: copy the target's files.")
+@click.option("--allow-pickle", is_flag=True, help=_ALLOW_PICKLE_HELP)
+@handle_errors
+def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max_shard_size, dry_run, as_json,
+            declare_block_layout, attach_to, link, allow_pickle):
+    """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
+    from .convert import convert as run_convert, plan_conversion
+
+    src = _pickle_source(src, allow_pickle)
+
+    if attach_to:
+        _attach(src, attach_to, out, layout=layout, link=link or "auto", overwrite=overwrite, force=force,
+                max_shard_size=max_shard_size, as_json=as_json)
+        return
+    if not target:
+        raise click.UsageError("--target is required (or --attach TARGET_DIR)")
+    plan = plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
+                           declare_block_layout=declare_block_layout)
+    if dry_run:
+        if as_json:
+            echo_json(plan.to_dict())
+            return
+        _print_plan(plan)
+        click.echo("dry run: nothing written")
+        return
+    result = run_convert(src, out, target, overwrite=overwrite, max_shard_bytes=max_shard_size, plan=plan)
+    if as_json:
+        echo_json({"out": str(result.out), "files": result.files, "provenance": result.provenance})
+        return
+    _print_plan(plan)
+    click.echo(f"wrote {result.out} ({', '.join(result.files)}, config.json, dsparkhub_provenance.json)")
+
+
+def _print_plan(plan) -> None:
+    d = plan.draft
+    click.echo(f"convert {d.checkpoint.path} [{d.recipe.name}] -> [{plan.recipe.name}]"
+               + (f" for target {plan.target.source}" if plan.target else ""))
+    copies = plan.copies
+    click.echo(f"  tensors written: {len(copies)} ({_fmt_bytes(plan.out_bytes)})")
+    for x in plan.decisions:
+        if x.action == "drop" or x.reason:
+            click.echo(f"  {x.action:5} {x.name}: {x.reason}")
+    if plan.report.findings:
+        _print_report(plan.report)
+
+
+# ---- attach / detach / manifests / skeleton (helper E) ---------------------------------------------------------
+
+
+def _attach(src, target_dir, out, *, layout, link, overwrite, force, max_shard_size, as_json) -> None:
+    from .attach import attach
+
+    r = attach(src, target_dir, out, layout=layout, link=link, overwrite=overwrite, force=force,
+               max_shard_bytes=max_shard_size)
+    if as_json:
+        echo_json({"out": str(r.out), "linked": r.linked, "added_files": r.added_files, "tensors": r.tensors,
+                   "dropped": r.dropped, "config_keys": r.config_keys,
+                   "target_data_bytes_read": r.target_data_bytes_read, "drafter_bytes_written": r.drafter_bytes_written,
+                   "notes": r.notes})
+        return
+    kinds: dict[str, int] = {}
+    for how in r.linked.values():
+        kinds[how] = kinds.get(how, 0) + 1
+    click.echo(f"attached {src} into {target_dir} -> {r.out}")
+    click.echo(f"  target files: {', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))} (none rewritten)")
+    click.echo(f"  drafter: {len(r.tensors)} tensors, {_fmt_bytes(r.drafter_bytes_written)} in "
+               f"{', '.join(r.added_files)}")
+    for x in r.dropped:
+        click.echo(f"  left out {x['name']}: {x['reason']}")
+    click.echo(f"  config keys: {json.dumps(r.config_keys)}")
+    click.echo(f"  target tensor bytes read: {r.target_data_bytes_read}")
+    for note in r.notes:
+        click.echo(f"  note: {note}")
+
+
+@main.command()
+@click.argument("attached", type=click.Path())
+@click.option("--out", "out", required=True, type=click.Path(), help="Output folder for the drafter.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder (atomically).")
+@handle_errors
+def detach(attached: str, out: str, overwrite: bool) -> None:
+    """Extract the drafter of an attached (DeepSeek-V4-style) checkpoint into a standalone folder."""
+    from .attach import detach as run_detach
+
+    r = run_detach(attached, out, overwrite=overwrite)
+    how = "restored exactly as attached" if r.restored else "mtp.* tensors + config (deepseek-v4 layout)"
+    click.echo(f"wrote {r.out} ({', '.join(r.files)}): {how}; layout {r.layout}; "
+               f"{_fmt_bytes(r.drafter_bytes_read)} of drafter tensors read")
+
+
+@main.group()
+def manifests() -> None:
+    """Targets and seed releases dsparkhub knows (manifests/)."""
+
+
+@manifests.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handle_errors
+def manifests_list(as_json: bool) -> None:
+    """List target and release manifests."""
+    from .manifests import load_manifests
+
+    targets, releases = load_manifests()
+    if as_json:
+        echo_json({"targets": {n: t.to_dict() for n, t in targets.items()},
+                   "releases": {n: r.to_dict() for n, r in releases.items()}})
+        return
+    click.echo("targets:")
+    for n, t in sorted(targets.items()):
+        unverified = sorted(k for k, f in t.facts.items() if not f.get("verified"))
+        click.echo(f"  {n:<18} {t.repo_id:<34} {t.model_type:<13} H {t.hidden_size:<5} L {t.num_hidden_layers:<3} "
+                   f"V {t.vocab_size:<7}" + (f" unverified: {', '.join(unverified)}" if unverified else ""))
+    click.echo("releases:")
+    for n, r in sorted(releases.items()):
+        click.echo(f"  {n:<30} {r.publisher:<11} target {r.target:<18} {r.layout} ({r.variant}), "
+                   f"{len(r.published)} published number(s)")
+
+
+@manifests.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handle_errors
+def manifests_show(name: str, as_json: bool) -> None:
+    """Show one manifest, with the provenance of each value."""
+    import yaml
+
+    from .manifests import get_manifest
+
+    m = get_manifest(name)
+    data = m.to_dict()
+    if as_json:
+        echo_json(data)
+        return
+    data.pop("checkpoint", None)
+    facts = data.pop("facts", {})
+    click.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=116).rstrip())
+    click.echo("provenance:")
+    for k, f in facts.items():
+        click.echo(f"  {k}: {'verified' if f['verified'] else 'NOT verified'} — {f['source']}")
+
+
+@main.command()
+@click.argument("manifest")
+@click.option("--out", "out", required=True, type=click.Path(), help="Output folder.")
+@click.option("--tiny", is_flag=True, help="Tiny dimensions with random values instead of a real-size sparse file.")
+@click.option("--with-drafter", is_flag=True, help="DeepSeek-V4: also write the attached mtp.* drafter stages.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+@handle_errors
+def skeleton(manifest: str, out: str, tiny: bool, with_drafter: bool, overwrite: bool) -> None:
+    """Write a target checkpoint from a manifest: real names / shapes / dtypes / shards as sparse files."""
+    from .skeleton import write_skeleton
+
+    r = write_skeleton(manifest, out, tiny=tiny, with_drafter=with_drafter, overwrite=overwrite)
+    click.echo(f"wrote {r.out}: {r.num_tensors} tensors in {len(r.files)} shard(s), {_fmt_bytes(r.logical_bytes)} "
+               f"logical, {_fmt_bytes(r.disk_bytes)} on disk" + (" (sparse)" if r.sparse else ""))
+
+
+# ---- verify / card (helper C) -------------------------------------------------------------------------------
+
+
+def _int_list(ctx, param, value: str) -> list[int]:
+    try:
+        ns = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers like 3,5,7, found {value!r}") from None
+    if not ns or min(ns) < 1 or len(set(ns)) != len(ns):
+        raise click.BadParameter(f"expected distinct positive integers, found {value!r}")
+    return ns
+
+
+def _json_dict(ctx, param, value: str | None) -> dict | None:
+    if value is None:
+        return None
+    try:
+        obj = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON ({exc.msg}): {value!r}") from None
+    if not isinstance(obj, dict):
+        raise click.BadParameter(f"expected a JSON object, found {value!r}")
+    return obj
+
+
+@main.command()
+@click.argument("draft", type=click.Path())
+@click.option("--target", required=True, help="Target: HF folder (with tokenizer), or Hub repo id / served model "
+              "name for the vLLM backends.")
+@click.option("--backend", type=click.Choice(["reference", "vllm", "vllm-serve"]), default="reference",
+              show_default=True, help="reference = dsparkhub's PyTorch engine (CPU); vllm = offline LLM; "
+              "vllm-serve = a running `vllm serve` (--server-url).")
+@click.option("--num-speculative-tokens", "-n", "ns", default="3,5,7", show_default=True, callback=_int_list,
+              help="Comma-separated n values; each is measured against the same baseline.")
+@click.option("--datasets", multiple=True, help="Comma-separated or repeated: PATH.jsonl, NAME=PATH, builtin, "
+              "builtin:math|code|chat, hub:owner/name[:file.jsonl]. Default: the built-in smoke set.")
+@click.option("--max-prompts", type=click.IntRange(min=1), help="Use at most this many prompts per dataset.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="0 = greedy, which also checks that outputs are lossless.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--method", type=click.Choice(["dspark", "dflash", "eagle3"]),
+              help="Speculative method (default: read from the drafter's config.json).")
+@click.option("--out", type=click.Path(), default="results.json", show_default=True, help="Results file.")
+@click.option("--device", help="Reference engine device (cpu, cuda).")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel size (vLLM).")
+@click.option("--max-model-len", type=click.IntRange(min=1), help="Engine context length (vLLM).")
+@click.option("--compilation-config", callback=_json_dict, help="vLLM compilation config as JSON.")
+@click.option("--server-url", help="Base URL of a running `vllm serve` started with the drafter "
+              "(--backend vllm-serve).")
+@click.option("--baseline-url", "--vllm-baseline-url", "baseline_url",
+              help="Base URL of a `vllm serve` of the same target without a drafter (--backend vllm-serve).")
+@click.option("--confidence-threshold", type=click.FloatRange(0.0, 1.0),
+              help="Truncate drafts where the cumulative confidence drops below this (reference engine).")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@handle_errors
+def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
+           device, tp, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
+           quiet) -> None:
+    """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
+    lossless failure or when the engine refuses."""
+    from .verify.results import format_summary_table
+    from .verify.runner import run_verify
+
+    results = run_verify(draft, target, backend=backend, num_speculative_tokens=ns, datasets=list(datasets),
+                         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, max_prompts=max_prompts,
+                         method=method, device=device, tensor_parallel_size=tp, max_model_len=max_model_len,
+                         compilation_config=compilation_config, confidence_threshold=confidence_threshold,
+                         server_url=server_url, baseline_url=baseline_url, out=out, progress=not quiet,
+                         raise_on_mismatch=False)
+    click.echo(f"{results.method} drafter {draft} on {results.engine.backend} ({results.engine.version}, "
+               f"{results.engine.device}); batch 1, temperature {temperature}, max {max_new_tokens} new tokens")
+    click.echo(format_summary_table(results))
+    click.echo(f"wrote {out}")
+    if results.lossless is False:
+        raise results.lossless_error()
+    click.echo(f"next: dsparkhub card {draft} --results {out}")
+
+
+@main.command()
+@click.argument("draft", type=click.Path())
+@click.option("--results", "results_paths", multiple=True, required=True, type=click.Path(),
+              help="Results file from `dsparkhub verify` (repeat for several engines / dataset sets).")
+@click.option("--template", type=click.Path(), help="Jinja2 template replacing dsparkhub's model_card.md.j2.")
+@click.option("--license", "license_", default="apache-2.0", show_default=True, help="Hub license id.")
+@click.option("--base-model", help="Target repo id for the card's base_model (default: from provenance/results).")
+@click.option("--repo-id", help="This drafter's Hub repo id (NS/NAME), used in the serve commands.")
+@handle_errors
+def card(draft, results_paths, template, license_, base_model, repo_id) -> None:
+    """Write README.md (model card) and plots into the drafter folder from verify results files."""
+    from .card import write_card
+
+    out = write_card(draft, list(results_paths), template=template, license=license_, base_model=base_model,
+                     repo_id=repo_id)
+    click.echo(f"wrote {out.readme}")
+    for p in out.plots:
+        click.echo(f"wrote {p}")
+
+
+# ---- push (helper B) --------------------------------------------------------------------------------------------
+
+
+def _print_push(report) -> None:
+    plan = report.plan
+    where = f"{plan.repo_id}@{plan.revision}"
+    state = ("new repo" if not plan.repo_exists else "new branch from main" if not plan.branch_exists
+             else f"head {plan.parent_commit[:12]}")
+    click.echo(f"{'Plan' if report.dry_run else 'Push'}: {where} ({state})")
+    width = max([len(f.path) for f in plan.files] + [4])
+    click.echo(f"  {'action':<9} {'path':<{width}} {'local':>10} {'remote':>10}")
+    for f in plan.files:
+        local = _fmt_bytes(f.size) if f.size is not None else "-"
+        remote = _fmt_bytes(f.remote_size) if f.remote_size is not None else "-"
+        click.echo(f"  {f.action:<9} {f.path:<{width}} {local:>10} {remote:>10}")
+    counts = ", ".join(f"{len(plan.by_action(a))} {word}" for a, word in
+                       (("add", "added"), ("change", "changed"), ("delete", "deleted"), ("unchanged", "unchanged")))
+    click.echo(f"  {counts}; {_fmt_bytes(plan.bytes_to_send)} to send at most")
+    if report.validation is not None:
+        v = report.validation
+        click.echo(f"validation: {'ok' if v['ok'] else 'FORCED'} ({v['errors']} error(s), {v['warnings']} warning(s))")
+    for note in report.notes:
+        click.echo(f"note: {note}")
+    if report.dry_run:
+        click.echo("dry run: nothing was written to the Hub")
+    elif report.committed:
+        click.echo(f"bytes uploaded: {report.bytes_uploaded} ({_fmt_bytes(report.bytes_uploaded)})")
+        click.echo(f"commit: {report.commit_url}")
+        click.echo(f"remote check: {report.remote_check} (sizes and hashes of the pushed files match)")
+    else:
+        click.echo("unchanged: the Hub already holds these files; no commit made, 0 bytes uploaded")
+
+
+@main.command()
+@click.argument("draft", type=click.Path(file_okay=False))
+@click.option("--repo", "repo_id", required=True, help="Hub repo id NAMESPACE/NAME (created when missing).")
+@click.option("--revision", help="Branch to push to (default main; created from main when missing).")
+@click.option("--private", is_flag=True, help="Create the repo private (no effect on an existing repo).")
+@click.option("--dry-run", is_flag=True, help="Show the plan; send only read requests.")
+@click.option("--force", is_flag=True, help="Push despite validation errors (recorded in the commit message).")
+@click.option("--endpoint", help="Hub URL (default HF_ENDPOINT or https://huggingface.co).")
+@click.option("--target", help="Target to validate against (folder or Hub repo id).")
+@click.option("--json", "as_json", is_flag=True, help="Print the push report as JSON.")
+@handle_errors
+def push(draft, repo_id, revision, private, dry_run, force, endpoint, target, as_json) -> None:
+    """Push a drafter folder to the Hub as one commit (token from HF_TOKEN or `hf auth login`)."""
+    from .hub import push as push_folder
+
+    report = push_folder(draft, repo_id, revision=revision, private=private, dry_run=dry_run, force=force,
+                         endpoint=endpoint, target=target)
+    if as_json:
+        click.echo(_redact(json.dumps(report.to_dict(), indent=2, default=str)))
+    else:
+        _print_push(report)
+
+
+# ---- example (helper A) -------------------------------------------------------------------------------------------
+
+
+@main.group()
+def example() -> None:
+    """The embedded example: a tiny trained Qwen3 target with a DSpark and a DFlash drafter (built offline)."""
+
+
+@example.command("build")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root (default $DSPARKHUB_CACHE or "
+              "~/.cache/dsparkhub).")
+@click.option("--force", is_flag=True, help="Rebuild even when a cached build exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print paths and info as JSON.")
+@handle_errors
+def example_build(cache_dir: str | None, force: bool, as_json: bool) -> None:
+    """Build (or find in the cache) the example and print where its folders are and its measured τ."""
+    from .example import build_example
+
+    ex = build_example(cache_dir, force=force)
+    paths = {"root": str(ex.root), "target": str(ex.target), "deepspec_run": str(ex.deepspec_run),
+             "dspark_step": str(ex.dspark_step), "dflash": str(ex.dflash), "prompts": str(ex.prompts)}
+    if as_json:
+        echo_json({**paths, "info": ex.info})
+        return
+    for k, v in paths.items():
+        click.echo(f"  {k:<13} {v}")
+    secs = ex.info.get("seconds", {})
+    click.echo("  build time    " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in secs.items()))
+    for name, taus in ex.info.get("tau", {}).items():
+        click.echo(f"  tau {name:<9} " + ", ".join(f"n={n}: {t:.2f}" for n, t in taus.items())
+                   + f" (greedy, reference engine, {ex.info['eval']['num_prompts']} held-out prompts)")
+
+
+# ---- vllm-check (helper D) --------------------------------------------------------------------------------------
+
+
+@main.command("vllm-check")
+@click.argument("draft", type=click.Path(exists=True, file_okay=False))
+@click.option("--target", required=True, help="Target: local HF folder (or a Hub id already in the HF cache).")
+@click.option("--num-speculative-tokens", "-n", type=click.IntRange(min=1),
+              help="n for vLLM's speculative config (default: the drafter's block_size).")
+@click.option("--dtype", default="auto", show_default=True, help="vLLM dtype for the target config.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@handle_errors
+def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, dtype: str, as_json: bool) -> None:
+    """Run vLLM 0.32's own checks of a converted DSpark drafter on CPU: config, load_weights, engine. Exit 1 on
+    failure (a refused engine stage on CPU is expected and not a failure)."""
+    from .verify.vllm_checks import check_with_vllm
+
+    report = check_with_vllm(draft, target, num_speculative_tokens=num_speculative_tokens, dtype=dtype)
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        click.echo(f"{report.draft}  (vLLM {report.vllm_version}, n={report.num_speculative_tokens})")
+        for s in report.stages:
+            click.echo(f"  {s.name:<13} {s.status:<8} {s.message}")
+            for name in s.details.get("missing", [])[:20]:
+                click.echo(f"      missing: {name}")
+    if not report.ok:
+        sys.exit(1)
+
+
+# ---- quickstart (lead) ------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("outdir", type=click.Path(file_okay=False))
+@click.option("--repo", "repo_id", help="Also plan a push to this real Hub repo (--dry-run: read requests only).")
+@click.option("--max-new-tokens", type=click.IntRange(min=8), default=96, show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@handle_errors
+def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: bool) -> None:
+    """Run the main job on the embedded example: build it (cached), inspect, convert, validate, verify (reference
+    engine), card, and push to a local Hub started for the occasion. Re-running replaces OUTDIR's contents."""
+    import tempfile
+    from pathlib import Path
+
+    from .card import write_card
+    from .convert import convert as run_convert
+    from .example import build_example
+    from .hub import push as push_folder
+    from .recipes import open_draft
+    from .testing.hub_server import LocalHub
+    from .validate import validate as run_validate
+    from .verify.results import format_summary_table
+    from .verify.runner import run_verify
+
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    click.echo("== 1/7 example: a tiny Qwen3 target and a DSpark drafter trained on it (DeepSpec layout)")
+    ex = build_example()
+    click.echo(f"  target        {ex.target}\n  drafter run   {ex.deepspec_run}")
+    click.echo("== 2/7 inspect the training output (headers only)")
+    d = open_draft(ex.deepspec_run)
+    click.echo(f"{d.checkpoint.path}  [{d.recipe.title}]")
+    _print_spec(d.spec.summary(), d.checkpoint.files)
+    click.echo("== 3/7 convert to the layout vLLM 0.32 loads")
+    drafter = out / "example-qwen3-dspark"
+    result = run_convert(ex.deepspec_run, drafter, ex.target, overwrite=True)
+    _print_plan(result.plan)
+    click.echo(f"wrote {result.out}")
+    click.echo("== 4/7 validate against the target (headers only)")
+    report = run_validate(drafter, ex.target, num_speculative_tokens=7)
+    click.echo(f"{report.draft}  [{report.layout}]")
+    _print_report(report)
+    if not report.ok:
+        sys.exit(1)
+    click.echo("== 5/7 verify with the reference engine (CPU): lossless, τ, speedup per num_speculative_tokens")
+    results_path = out / "results.json"
+    results = run_verify(drafter, ex.target, backend="reference", num_speculative_tokens=(3, 5, 7),
+                         datasets=[f"heldout={ex.prompts}"], max_new_tokens=max_new_tokens, out=results_path,
+                         progress=not quiet)
+    click.echo(format_summary_table(results))
+    click.echo(f"wrote {results_path}")
+    click.echo("== 6/7 model card from the results")
+    card_out = write_card(drafter, [results_path], repo_id="dsparkhub-example/qwen3-tiny-dspark")
+    for p in card_out.plots:
+        click.echo(f"wrote {p}")
+    click.echo("== 7/7 push")
+    if repo_id:
+        _print_push(push_folder(drafter, repo_id, dry_run=True, target=str(ex.target)))
+    else:
+        token = "hf_quickstartLocalHubToken00000000"
+        with tempfile.TemporaryDirectory(prefix="dsparkhub-localhub-") as hub_root, \
+                LocalHub(hub_root, tokens={token: "dsparkhub-example"}) as hub:
+            click.echo(f"  local Hub at {hub.url} (pass --repo NS/NAME to plan a push to the real Hub instead)")
+            _print_push(push_folder(drafter, "dsparkhub-example/qwen3-tiny-dspark", token=token, endpoint=hub.url,
+                                    target=str(ex.target)))
+    click.echo(f"card: {card_out.readme}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,663 @@
+"""The only networked module: push a drafter folder to the Hub in one commit, and read a remote checkpoint's headers.
+
+Owns:
+  * :func:`push` — plan (local files vs the remote tree, compared by hash: sha256 for LFS files, git blob sha1 for
+    regular ones), then one ``create_commit`` whose ``parent_commit`` is the remote head read while planning, then a
+    read-back of the remote tree. A dry run sends only GET / HEAD requests.
+  * :func:`remote_checkpoint_headers` / :func:`remote_checkpoint` — a Hub checkpoint's ``config.json``, index and
+    safetensors headers (HTTP range reads, huggingface_hub ``parse_safetensors_file_metadata``); never the weights.
+
+Every request goes through ``huggingface_hub.HfApi`` (2.4); its typed errors (``HfHubHTTPError`` and subclasses,
+``httpx2`` transport errors, ``OfflineModeIsEnabled``) are turned into :class:`~dsparkhub.errors.HubError` with a hint,
+keeping the original as ``__cause__``. The token comes from the ``token`` argument, ``HF_TOKEN`` or the
+huggingface_hub login, and is kept out of every message, commit text and report (:func:`dsparkhub.secrets.redact`).
+
+Does not: validate (``dsparkhub.validate``), write cards (``dsparkhub.card``), print (``dsparkhub.cli``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx2
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, get_token, hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    LocalTokenNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+    SafetensorsParsingError,
+)
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.lfs import post_lfs_batch_info
+from huggingface_hub.utils import build_hf_headers
+
+from . import __version__
+from .checkpoint import INDEX_NAME, Checkpoint, TensorInfo, parse_header_bytes
+from .errors import (
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    DsparkhubError,
+    HubError,
+    ValidationFailedError,
+)
+from .hashing import checkpoint_fingerprint, sha256_files
+from .secrets import redact
+
+PROVENANCE_FILE = "dsparkhub_provenance.json"
+#: remote files a push never deletes even when the local folder lacks them (the Hub creates it with the repo).
+NEVER_DELETE = frozenset({".gitattributes"})
+#: local path components that are never pushed (caches, VCS, editor and OS litter).
+SKIP_PARTS = frozenset({".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints", ".DS_Store"})
+#: Hub repo ids: ``namespace/name``, each part 1-96 of [A-Za-z0-9._-], not starting with ``.`` / ``-``, no ``--``
+#: or ``..`` (huggingface_hub ``validate_repo_id`` rules).
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+# ---- plan and report -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """One file of a push plan.
+
+    Attributes:
+        path: path in the repo (POSIX, relative).
+        action: ``"add"`` (absent remotely), ``"change"`` (hash differs), ``"delete"`` (remote only) or
+            ``"unchanged"``.
+        size: local size in bytes (None for ``delete``).
+        remote_size: remote size in bytes (None for ``add``).
+        sha256: local sha256 hex (None for ``delete``).
+        remote_lfs: whether the remote copy is stored in LFS (None when there is none).
+    """
+
+    path: str
+    action: str
+    size: int | None
+    remote_size: int | None
+    sha256: str | None
+    remote_lfs: bool | None
+
+
+@dataclass
+class PushPlan:
+    """What a push would do, computed from local hashes and the remote tree (reads only).
+
+    Attributes:
+        repo_id: ``namespace/name``.
+        revision: branch pushed to.
+        repo_exists: whether the repo existed when planning.
+        branch_exists: whether ``revision`` existed (a missing branch is created from ``main``).
+        parent_commit: remote head of ``revision`` when planning (None when the repo or branch does not exist).
+        files: every local and remote file, sorted by path.
+    """
+
+    repo_id: str
+    revision: str
+    repo_exists: bool
+    branch_exists: bool
+    parent_commit: str | None
+    files: list[FilePlan] = field(default_factory=list)
+
+    def by_action(self, action: str) -> list[FilePlan]:
+        return [f for f in self.files if f.action == action]
+
+    @property
+    def changes(self) -> list[FilePlan]:
+        """Files the commit touches (added, changed, deleted)."""
+        return [f for f in self.files if f.action != "unchanged"]
+
+    @property
+    def bytes_to_send(self) -> int:
+        """Upper bound of bytes to upload: sizes of added and changed files (LFS objects the Hub already has are
+        skipped at upload time)."""
+        return sum(f.size or 0 for f in self.files if f.action in ("add", "change"))
+
+    def to_dict(self) -> dict:
+        return {"repo_id": self.repo_id, "revision": self.revision, "repo_exists": self.repo_exists,
+                "branch_exists": self.branch_exists, "parent_commit": self.parent_commit,
+                "bytes_to_send": self.bytes_to_send, "files": [asdict(f) for f in self.files]}
+
+
+@dataclass
+class PushReport:
+    """The outcome of :func:`push`.
+
+    Attributes:
+        plan: the plan the commit was built from.
+        dry_run: True when nothing was written.
+        validation: ``ValidationReport.to_dict()`` of the drafter (None if validation could not apply).
+        forced: True when validation errors were overridden with ``force``.
+        commit_oid: the new commit (None for a dry run or an unchanged release).
+        commit_url: its URL.
+        bytes_uploaded: bytes actually sent (regular files + LFS objects the Hub did not have); 0 for dry runs.
+        remote_check: ``"ok"`` after a verified commit or an unchanged release, ``"skipped (dry run)"`` otherwise.
+        notes: facts worth showing (e.g. ``--private`` ignored for an existing repo).
+    """
+
+    plan: PushPlan
+    dry_run: bool
+    validation: dict | None = None
+    forced: bool = False
+    commit_oid: str | None = None
+    commit_url: str | None = None
+    bytes_uploaded: int = 0
+    remote_check: str = "skipped (dry run)"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def committed(self) -> bool:
+        return self.commit_oid is not None
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan.to_dict(), "dry_run": self.dry_run, "validation": self.validation,
+                "forced": self.forced, "commit_oid": self.commit_oid, "commit_url": self.commit_url,
+                "bytes_uploaded": self.bytes_uploaded, "remote_check": self.remote_check, "notes": self.notes}
+
+
+# ---- small helpers --------------------------------------------------------------------------------------------
+
+
+def check_repo_id(repo_id: str) -> str:
+    """Return ``repo_id`` if it is ``namespace/name`` as the Hub accepts it.
+
+    Raises:
+        HubError: anything else (missing namespace, extra ``/``, ``--`` / ``..``, bad characters, > 96 chars).
+    """
+    if (not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id
+            or repo_id.endswith((".", "-")) or "/." in repo_id or "/-" in repo_id or ".git/" in repo_id + "/"):
+        raise HubError(f"invalid Hub repo id {repo_id!r}: expected NAMESPACE/NAME",
+                       hint="use your user or organisation name, a slash and the repo name, e.g. "
+                            "alice/qwen3-8b-dspark (letters, digits, '.', '_', '-'; no '--' or '..')")
+    return repo_id
+
+
+def git_blob_sha1(path: str | Path) -> str:
+    """The git object id of a file (``sha1("blob <size>\\0" + bytes)``): the Hub's ``oid`` of a regular file."""
+    path = Path(path)
+    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def local_files(draft_dir: str | Path) -> dict[str, Path]:
+    """The files a push would upload: every regular file under ``draft_dir``, by POSIX path relative to it.
+
+    Skipped: :data:`SKIP_PARTS` anywhere in the path, ``*.tmp`` / ``*.lock`` / ``*.partial`` leftovers.
+
+    Raises:
+        CheckpointNotFoundError: ``draft_dir`` is not a folder.
+        DsparkhubError: a file is a link that resolves outside ``draft_dir``.
+    """
+    root = Path(draft_dir)
+    if not root.is_dir():
+        raise CheckpointNotFoundError("drafter folder to push does not exist or is not a folder", path=root)
+    real_root = root.resolve()
+    out: dict[str, Path] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if any(part in SKIP_PARTS for part in rel.parts) or path.name.endswith((".tmp", ".lock", ".partial")):
+            continue
+        if not path.is_file():
+            continue
+        real = path.resolve()
+        if real_root not in real.parents:
+            raise DsparkhubError(f"{rel.as_posix()} is a link that resolves outside the folder (to {real})",
+                                 path=root, hint="copy the file into the folder instead of linking it")
+        out[rel.as_posix()] = path
+    return out
+
+
+def _redactor(token: str | None):
+    def _r(text: str) -> str:
+        text = redact(text)
+        return text.replace(token, "***") if token and len(token) >= 4 else text
+
+    return _r
+
+
+def _status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def _hub_error(exc: BaseException, action: str, repo_id: str, token: str | None) -> HubError:
+    """Map a huggingface_hub / transport error to a HubError with a hint (the original stays as ``__cause__``)."""
+    r = _redactor(token)
+    detail = r(" ".join(str(exc).split()))[:600]
+    status = _status(exc)
+    ns = repo_id.split("/")[0]
+    if isinstance(exc, OfflineModeIsEnabled):
+        return HubError(f"cannot {action}: huggingface_hub offline mode is on", hint="unset HF_HUB_OFFLINE")
+    if isinstance(exc, LocalTokenNotFoundError):
+        return HubError(f"cannot {action}: no Hugging Face token found",
+                        hint="set HF_TOKEN or run `hf auth login` (a token with write access)")
+    if status == 401:
+        return HubError(f"cannot {action}: the Hub refused the token (HTTP 401). {detail}",
+                        hint="the token is missing, expired or invalid; set HF_TOKEN or run `hf auth login`")
+    if status == 403:
+        return HubError(f"cannot {action}: the token may not write to {repo_id!r} (HTTP 403). {detail}",
+                        hint=f"use a token with write access to the namespace {ns!r} (fine-grained tokens need "
+                             "'write' on it)")
+    if isinstance(exc, RevisionNotFoundError):
+        return HubError(f"cannot {action}: revision not found in {repo_id!r}. {detail}",
+                        hint="check --revision; push creates a missing branch from main")
+    if isinstance(exc, RepositoryNotFoundError) or status == 404:
+        return HubError(f"cannot {action}: {repo_id!r} was not found, or this token cannot see it (HTTP "
+                        f"{status}). {detail}", hint="check the repo id and that the token can read it")
+    if status == 412:
+        return HubError(f"cannot {action}: {repo_id!r} changed on the Hub after the push was planned (HTTP 412, "
+                        f"parent commit mismatch); nothing was committed. {detail}",
+                        hint="run the push again: it re-plans against the new remote state")
+    if status is not None and status >= 500:
+        return HubError(f"cannot {action}: Hub server error (HTTP {status}); nothing was committed. {detail}",
+                        hint="retry later; LFS objects already uploaded are kept and not sent again")
+    if isinstance(exc, (httpx2.TransportError, RuntimeError)):
+        return HubError(f"cannot {action}: network error talking to the Hub ({detail}); nothing was committed",
+                        hint="check the connection / --endpoint and run the push again; it resumes (LFS objects "
+                             "already uploaded are skipped)")
+    return HubError(f"cannot {action}: {detail}", hint="see the Hub's message above")
+
+
+_HUB_ERRORS = (HfHubHTTPError, httpx2.TransportError, OfflineModeIsEnabled, LocalTokenNotFoundError)
+
+
+def _is_upload_failure(exc: RuntimeError) -> bool:
+    """huggingface_hub wraps a failed LFS upload in ``RuntimeError("Error while uploading ...")`` (_commit_api.py)."""
+    return isinstance(exc.__cause__, _HUB_ERRORS) or str(exc).startswith("Error while uploading")
+
+
+def _read_provenance(draft_dir: Path) -> dict | None:
+    path = draft_dir / PROVENANCE_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointFormatError(f"{PROVENANCE_FILE} is not valid JSON: {str(exc)[:200]}", path=path) from None
+    if not isinstance(data, dict):
+        raise CheckpointFormatError(f"{PROVENANCE_FILE} must hold a JSON object", path=path)
+    return data
+
+
+def _run_validation(draft_dir: Path, target: str | None):
+    """``dsparkhub.validate.validate`` (imported here so that reading the Hub does not import the checkers)."""
+    from .validate import validate
+
+    return validate(draft_dir, target)
+
+
+def _commit_text(plan: PushPlan, files: dict[str, Path], hashes: dict[str, str], provenance: dict | None,
+                 validation, forced: bool, fingerprint: str | None, redactor) -> tuple[str, str]:
+    added, changed, deleted = (len(plan.by_action(a)) for a in ("add", "change", "delete"))
+    summary = f"dsparkhub push: {added} added, {changed} changed, {deleted} deleted"
+    if forced:
+        summary += " (FORCED past validation errors)"
+    lines = [f"Pushed with dsparkhub {__version__}.", ""]
+    if fingerprint:
+        lines.append(f"drafter fingerprint (sha256 of config + weights hashes): {fingerprint}")
+    lines.append("files (sha256):")
+    lines += [f"  {path}  {hashes[str(files[path])]}" for path in sorted(files)]
+    if validation is not None:
+        errors = list(getattr(validation, "errors", []))
+        if errors:
+            codes = ", ".join(sorted({e.code for e in errors}))
+            lines += ["", f"validation: {len(errors)} error(s) [{codes}] overridden with --force"]
+        else:
+            lines += ["", f"validation: ok ({len(getattr(validation, 'warnings', []))} warning(s))"]
+    if provenance is not None:
+        # everything but the output file hashes, which the list above already gives
+        keep = {k: v for k, v in provenance.items() if k != "files"}
+        lines += ["", f"provenance ({PROVENANCE_FILE}):", json.dumps(keep, indent=1, sort_keys=True, default=str)]
+    return redactor(summary), redactor("\n".join(lines))
+
+
+# ---- planning ---------------------------------------------------------------------------------------------------
+
+
+def _remote_state(api: HfApi, repo_id: str, revision: str, token: str | None):
+    """(repo_exists, branch_exists, head oid, {path: RepoFile}) with reads only."""
+    try:
+        head = api.model_info(repo_id, revision=revision).sha
+    except RevisionNotFoundError:
+        return True, False, None, {}
+    except RepositoryNotFoundError:  # missing, or private and not visible to this token: create_repo will tell
+        return False, False, None, {}
+    except _HUB_ERRORS as exc:
+        raise _hub_error(exc, f"read {repo_id}", repo_id, token) from exc
+    try:
+        tree = {f.path: f for f in api.list_repo_tree(repo_id, recursive=True, revision=head)
+                if isinstance(f, RepoFile)}
+    except _HUB_ERRORS as exc:
+        raise _hub_error(exc, f"list the files of {repo_id}", repo_id, token) from exc
+    return True, True, head, tree
+
+
+def _same(local: Path, sha256: str, remote: RepoFile) -> bool:
+    size = local.stat().st_size
+    if remote.size != size:
+        return False
+    if remote.lfs is not None:
+        return remote.lfs.sha256 == sha256
+    return remote.blob_id == git_blob_sha1(local)
+
+
+def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, RepoFile]) -> list[FilePlan]:
+    out = []
+    for path, local in files.items():
+        sha, size = hashes[str(local)], local.stat().st_size
+        r = remote.get(path)
+        if r is None:
+            out.append(FilePlan(path, "add", size, None, sha, None))
+        else:
+            action = "unchanged" if _same(local, sha, r) else "change"
+            out.append(FilePlan(path, action, size, r.size, sha, r.lfs is not None))
+    for path, r in remote.items():
+        if path not in files and path not in NEVER_DELETE:
+            out.append(FilePlan(path, "delete", None, r.size, None, r.lfs is not None))
+    return sorted(out, key=lambda f: f.path)
+
+
+# ---- push -------------------------------------------------------------------------------------------------------
+
+
+def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, private: bool = False,
+         dry_run: bool = False, force: bool = False, token: str | None = None, endpoint: str | None = None,
+         target: str | None = None, validate: bool = True) -> PushReport:
+    """Push a drafter folder to a Hub repo as one commit, or show the plan (``dry_run``).
+
+    Steps: validate the drafter (refuse on errors unless ``force``); read the remote head and tree; compare every
+    local file by hash (sha256 for LFS files, git blob sha1 for regular files); create the repo / branch when
+    missing; one ``create_commit`` (adds for new / changed files, deletes for remote files absent locally except
+    :data:`NEVER_DELETE`) with ``parent_commit`` = the head read while planning, so a concurrent change fails cleanly;
+    read the remote tree of the new commit back and compare sizes and hashes. An unchanged release makes no commit.
+    An interrupted push completes when run again: LFS objects already on the Hub are not sent again.
+
+    Args:
+        draft_dir: the converted drafter folder (``config.json``, ``model.safetensors``, provenance, card ...).
+        repo_id: ``namespace/name``.
+        revision: branch to push to (default ``main``); created from ``main`` when missing.
+        private: create the repo private (ignored, with a note, when the repo exists).
+        dry_run: plan only; sends GET / HEAD requests and nothing else.
+        force: push even when validation finds errors (recorded in the commit message).
+        token: Hub token; default ``HF_TOKEN`` or the huggingface_hub login. Never shown or stored.
+        endpoint: Hub URL (default huggingface_hub's, i.e. ``HF_ENDPOINT`` or https://huggingface.co).
+        target: the target to validate against (folder, Hub repo id); None lets ``validate`` check the drafter alone.
+        validate: run validation at all (False only for callers that validated just before).
+
+    Returns:
+        :class:`PushReport`.
+
+    Raises:
+        HubError: invalid repo id; no token (not for dry runs); 401 / 403 / 404 / 412 (remote changed since the
+            plan) / 5xx / network errors, each with a hint and the huggingface_hub error as ``__cause__``; the
+            remote tree after the commit differs from the local files.
+        ValidationFailedError: validation found errors and ``force`` is False.
+        CheckpointNotFoundError: ``draft_dir`` is not a folder.
+        CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object.
+    """
+    draft_dir = Path(draft_dir)
+    check_repo_id(repo_id)
+    revision = revision or "main"
+    files = local_files(draft_dir)
+    if not files:
+        raise CheckpointNotFoundError("the drafter folder is empty: nothing to push", path=draft_dir)
+    token = token or get_token()
+    if not token and not dry_run:
+        raise HubError("no Hugging Face token: pushing needs one with write access",
+                       hint="set HF_TOKEN or run `hf auth login` (or try --dry-run, which needs none for public "
+                            "repos)")
+    r = _redactor(token)
+
+    report_validation, forced, validation = None, False, None
+    if validate:
+        validation = _run_validation(draft_dir, target)
+        report_validation = validation.to_dict()
+        if not validation.ok:
+            if not force:
+                listing = "; ".join(f"{f.code} {f.location}: {f.message}" for f in validation.errors[:8])
+                more = len(validation.errors) - 8
+                raise ValidationFailedError(
+                    r(f"validate found {len(validation.errors)} error(s), refusing to push: {listing}"
+                      + (f" (+{more} more)" if more > 0 else "")),
+                    report=validation, path=draft_dir,
+                    hint="fix the drafter (see `dsparkhub validate`), or pass --force to push anyway "
+                         "(recorded in the commit message)")
+            forced = True
+    provenance = _read_provenance(draft_dir)
+    hashes = sha256_files(list(files.values()))
+
+    api = HfApi(endpoint=endpoint, token=token)
+    repo_exists, branch_exists, head, remote = _remote_state(api, repo_id, revision, token)
+    if repo_exists and not branch_exists:
+        # a new branch starts from main: plan against main's files
+        _, main_exists, head_main, remote = _remote_state(api, repo_id, "main", token)
+        head = head_main if main_exists else None
+    plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, _diff(files, hashes, remote))
+    report = PushReport(plan, dry_run=dry_run, validation=report_validation, forced=forced)
+    if repo_exists and private:
+        report.notes.append("the repo exists: --private does not change its visibility")
+    if dry_run:
+        if not token:
+            report.notes.append("no token: a private repo would look absent to this dry run")
+        return report
+
+    try:
+        if not repo_exists:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            report.notes.append(f"created {'private' if private else 'public'} repo {repo_id}")
+        if not branch_exists:
+            if revision != "main":
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
+                report.notes.append(f"created branch {revision}")
+            # the new repo / branch has an initial commit: plan against it
+            _, _, head, remote = _remote_state(api, repo_id, revision, token)
+            plan.parent_commit, plan.files = head, _diff(files, hashes, remote)
+    except _HUB_ERRORS as exc:
+        raise _hub_error(exc, f"create {repo_id}@{revision}", repo_id, token) from exc
+
+    if not plan.changes:
+        report.remote_check = "ok"
+        return report
+
+    adds = []
+    for f in plan.files:
+        if f.action in ("add", "change"):
+            op = CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=str(files[f.path]))
+            op.upload_info.sha256 = bytes.fromhex(f.sha256)  # hashed once already, in parallel
+            adds.append(op)
+    ops = adds + [CommitOperationDelete(path_in_repo=f.path) for f in plan.by_action("delete")]
+    already = _lfs_objects_present(api, repo_id, revision, adds, token)
+    fingerprint = checkpoint_fingerprint(draft_dir) if (draft_dir / "config.json").exists() else None
+    summary, description = _commit_text(plan, files, hashes, provenance, validation, forced, fingerprint, r)
+    try:
+        info = api.create_commit(repo_id, ops, commit_message=summary, commit_description=description,
+                                 revision=revision, parent_commit=head)
+    except _HUB_ERRORS as exc:
+        raise _hub_error(exc, f"commit to {repo_id}@{revision}", repo_id, token) from exc
+    except RuntimeError as exc:
+        if not _is_upload_failure(exc):
+            raise
+        cause = exc.__cause__ if isinstance(exc.__cause__, _HUB_ERRORS) else exc
+        raise _hub_error(cause, f"upload to {repo_id}@{revision}", repo_id, token) from exc
+    report.commit_oid, report.commit_url = info.oid, info.commit_url
+
+    remote_after = _check_remote(api, repo_id, info.oid, files, hashes, token)
+    report.bytes_uploaded = sum(
+        f.size or 0 for f in plan.files
+        if f.action in ("add", "change") and not (remote_after[f.path].lfs is not None and f.sha256 in already))
+    report.remote_check = "ok"
+    return report
+
+
+def _lfs_objects_present(api: HfApi, repo_id: str, revision: str, adds: list[CommitOperationAdd],
+                         token: str | None) -> set[str]:
+    """sha256 of the objects among ``adds`` the Hub's LFS store already holds (the batch answer has no actions).
+
+    Only used to report bytes uploaded; the upload itself asks the same question.
+    """
+    infos = [op.upload_info for op in adds if op.upload_info.size > 0]
+    if not infos:
+        return set()
+    try:
+        actions, _errors, _ = post_lfs_batch_info(upload_infos=infos, token=None, repo_type="model",
+                                                  repo_id=repo_id, revision=quote(revision, safe=""),
+                                                  endpoint=api.endpoint, headers=build_hf_headers(token=token))
+    except _HUB_ERRORS as exc:
+        raise _hub_error(exc, f"query the LFS store of {repo_id}", repo_id, token) from exc
+    return {a["oid"] for a in actions if not a.get("actions")}
+
+
+def _check_remote(api: HfApi, repo_id: str, oid: str, files: dict[str, Path], hashes: dict[str, str],
+                  token: str | None) -> dict[str, RepoFile]:
+    """Read the tree of commit ``oid`` back and compare it with the local files.
+
+    Raises:
+        HubError: a file missing, of another size or hash, or an unexpected extra file.
+    """
+    try:
+        tree = {f.path: f for f in api.list_repo_tree(repo_id, recursive=True, revision=oid)
+                if isinstance(f, RepoFile)}
+    except _HUB_ERRORS as exc:
+        raise _hub_error(exc, f"read back commit {oid[:12]} of {repo_id}", repo_id, token) from exc
+    problems = []
+    for path, local in files.items():
+        remote = tree.get(path)
+        if remote is None:
+            problems.append(f"{path}: missing on the Hub")
+        elif not _same(local, hashes[str(local)], remote):
+            lfs = f", sha256 {remote.lfs.sha256}" if remote.lfs else f", git oid {remote.blob_id}"
+            problems.append(f"{path}: Hub has {remote.size} bytes{lfs}; local has {local.stat().st_size} bytes, "
+                            f"sha256 {hashes[str(local)]}")
+    extra = sorted(set(tree) - set(files) - NEVER_DELETE)
+    problems += [f"{p}: on the Hub but not in the local folder" for p in extra]
+    if problems:
+        raise HubError(f"after commit {oid[:12]}, {repo_id} differs from the local folder: " + "; ".join(problems),
+                       hint="run the push again; if it persists, compare with `hf download` and report it")
+    return tree
+
+
+# ---- remote headers ---------------------------------------------------------------------------------------------
+
+
+def remote_checkpoint_headers(repo_id: str, revision: str | None = None, token: str | None = None,
+                              endpoint: str | None = None, *, cache_dir: str | Path | None = None
+                              ) -> tuple[dict, dict[str, tuple[str, tuple[int, ...], str]], dict | None]:
+    """Read a Hub checkpoint's config and safetensors headers without downloading weights.
+
+    ``config.json`` and ``model.safetensors.index.json`` are fetched with ``hf_hub_download``; each shard's header
+    with two HTTP range requests (huggingface_hub ``parse_safetensors_file_metadata``, the building block of
+    ``get_safetensors_metadata``). Every read is pinned to the commit ``revision`` resolves to.
+
+    Args:
+        repo_id: ``namespace/name``.
+        revision: branch, tag or commit (default ``main``).
+        token: Hub token (default ``HF_TOKEN`` / login); needed for private repos.
+        endpoint: Hub URL.
+        cache_dir: huggingface_hub cache for the two JSON files (default: the HF cache).
+
+    Returns:
+        ``(config, tensors, index)``: the parsed ``config.json``; ``{tensor name: (dtype code, shape, file)}``, e.g.
+        ``{"model.embed_tokens.weight": ("BF16", (V, H), "model-00001-of-00004.safetensors")}``; the parsed index or
+        None for a single ``model.safetensors``.
+
+    Raises:
+        HubError: repo / revision not found, 401 / 403, network error (hint included).
+        CheckpointNotFoundError: no ``config.json``, or neither ``model.safetensors`` nor the index (nor any
+            ``*.safetensors``) at the top level of the repo.
+        CheckpointFormatError: malformed JSON or safetensors header.
+    """
+    _, config, tensors, index, _ = _remote_read(repo_id, revision, token, endpoint, cache_dir)
+    return config, {n: (t.dtype, t.shape, t.file) for n, t in tensors.items()}, index
+
+
+def remote_checkpoint(repo_id: str, revision: str | None = None, *, token: str | None = None,
+                      endpoint: str | None = None, cache_dir: str | Path | None = None) -> Checkpoint:
+    """A Hub checkpoint as a header-only :class:`~dsparkhub.checkpoint.Checkpoint` (``remote=True``).
+
+    Same reads and errors as :func:`remote_checkpoint_headers`. ``path`` is ``hub:REPO@COMMIT``; each
+    :class:`TensorInfo`'s ``start`` is the tensor's offset inside the shard's data section (the header length is not
+    transferred) and ``nbytes`` its size; tensor data cannot be read (``Checkpoint.file_path`` raises).
+    """
+    sha, config, tensors, index, metadata = _remote_read(repo_id, revision, token, endpoint, cache_dir)
+    files = list(dict.fromkeys(t.file for t in tensors.values()))
+    return Checkpoint(f"hub:{repo_id}@{sha}", config, tensors, files, index, metadata, remote=True)
+
+
+def _download_json(repo_id: str, filename: str, sha: str, token, endpoint, cache_dir) -> dict:
+    path = hf_hub_download(repo_id, filename, revision=sha, token=token, endpoint=endpoint, cache_dir=cache_dir)
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointFormatError(f"{filename} is not valid JSON: {str(exc)[:200]}",
+                                    path=f"hub:{repo_id}@{sha}/{filename}") from None
+    if not isinstance(data, dict):
+        raise CheckpointFormatError(f"{filename} must hold a JSON object", path=f"hub:{repo_id}@{sha}/{filename}")
+    return data
+
+
+def _remote_read(repo_id, revision, token, endpoint, cache_dir):
+    check_repo_id(repo_id)
+    token = token or get_token()
+    api = HfApi(endpoint=endpoint, token=token)
+    where = f"hub:{repo_id}@{revision or 'main'}"
+    try:
+        info = api.model_info(repo_id, revision=revision)
+        sha = info.sha
+        names = {s.rfilename for s in info.siblings or []}
+        if "config.json" not in names:
+            raise CheckpointNotFoundError("config.json not found in the Hub repo", path=where)
+        config = _download_json(repo_id, "config.json", sha, token, endpoint, cache_dir)
+        index = None
+        if "model.safetensors" in names:
+            shards = ["model.safetensors"]
+        elif INDEX_NAME in names:
+            index = _download_json(repo_id, INDEX_NAME, sha, token, endpoint, cache_dir)
+            weight_map = index.get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise CheckpointFormatError(f"{INDEX_NAME}: `weight_map` must map tensor names to shard file names",
+                                            path=f"{where}/{INDEX_NAME}")
+            shards = list(dict.fromkeys(weight_map.values()))
+        else:
+            shards = sorted(n for n in names if n.endswith(".safetensors") and "/" not in n)
+        if not shards:
+            raise CheckpointNotFoundError("no model.safetensors, index or *.safetensors at the top of the Hub repo",
+                                          path=where)
+        with ThreadPoolExecutor(max_workers=min(8, len(shards))) as pool:
+            parsed = list(pool.map(lambda f: api.parse_safetensors_file_metadata(repo_id, f, revision=sha), shards))
+    except _HUB_ERRORS as exc:
+        raise _hub_error(exc, f"read the headers of {repo_id}", repo_id, token) from exc
+    except EntryNotFoundError as exc:
+        raise CheckpointNotFoundError(f"a file named by the repo is missing: {exc}", path=where) from exc
+    except SafetensorsParsingError as exc:
+        raise CheckpointFormatError(f"malformed safetensors header: {exc}", path=where) from exc
+    tensors: dict[str, TensorInfo] = {}
+    metadata: dict[str, dict] = {}
+    for fname, meta in zip(shards, parsed, strict=True):
+        # re-run dsparkhub's own header checks (dtype codes, offsets vs shapes, overlaps) on what the Hub sent
+        header = {n: {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": list(t.data_offsets)}
+                  for n, t in meta.tensors.items()}
+        header["__metadata__"] = meta.metadata or {}
+        shard_tensors, metadata[fname] = parse_header_bytes(json.dumps(header).encode(), file=fname, data_size=None)
+        for name, t in shard_tensors.items():
+            if name in tensors:
+                raise CheckpointFormatError(f"tensor {name!r} appears in both {tensors[name].file!r} and {fname!r}",
+                                            path=where)
+            begin = meta.tensors[name].data_offsets[0]
+            tensors[name] = TensorInfo(name, t.dtype, t.shape, fname, begin, t.nbytes)
+    if index is not None:
+        wrong = [n for n, f in index["weight_map"].items() if n not in tensors or tensors[n].file != f]
+        if wrong:
+            raise CheckpointFormatError(f"{INDEX_NAME} maps {len(wrong)} tensor(s) to shards that do not hold them, "
+                                        f"e.g. {wrong[0]!r}", path=f"{where}/{INDEX_NAME}")
+    return sha, config, tensors, index, metadata

@@ -1,0 +1,370 @@
+"""Manifests: what dsparkhub knows about the real targets and the seed drafter releases, as YAML data.
+
+``manifests/targets/<name>.yaml`` describes a target (Hub repo, model type, geometry, embedding / LM-head tensors,
+quantization, the drafter settings the seeds used, serving settings, license, and the checkpoint's tensor layout as
+templates for real-size skeletons). ``manifests/releases/<name>.yaml`` describes a published drafter (publisher, repo,
+target manifest, layout, settings, published numbers with their source). Every value carries its provenance in
+``facts``: ``{field: {verified: bool, source: str}}``; FORMATS.md's *unverified* values stay ``verified: false``
+until a source confirms them.
+
+A manifest name works wherever a target is expected (``--target kimi-k2.6``): :func:`target_spec_from_manifest`
+builds a :class:`~dsparkhub.target.TargetSpec` whose tensors are header-like :class:`TensorInfo` without data.
+
+Folder resolution follows :func:`dsparkhub.recipes.converters_dir`: ``$DSPARKHUB_MANIFESTS_DIR``, the copy shipped
+in the wheel (``dsparkhub/_data/manifests``), or the repository's ``manifests/``.
+
+Does not: touch the network (manifests are checked-in data) or load any weights.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from .checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
+from .errors import ManifestError
+
+TARGET_REQUIRED = ("name", "title", "repo_id", "model_type", "architecture", "family", "hidden_size",
+                   "num_hidden_layers", "vocab_size", "embed", "lm_head", "license")
+RELEASE_REQUIRED = ("name", "title", "publisher", "target", "layout", "variant", "published")
+
+
+def manifests_dir() -> Path:
+    """Folder of manifests: ``$DSPARKHUB_MANIFESTS_DIR``, the copy shipped in the wheel, or the repo's."""
+    env = os.environ.get("DSPARKHUB_MANIFESTS_DIR")
+    if env:
+        return Path(env)
+    packaged = Path(__file__).parent / "_data" / "manifests"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "manifests"
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A named tensor of a target checkpoint: name, shape, safetensors dtype code."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class TargetManifest:
+    """A target model (see the module docstring). Geometry is the text model's.
+
+    Attributes:
+        name / title / repo_id: manifest id, human title, Hub repo id.
+        model_type / text_model_type / architecture / family: HF config ``model_type`` (top level and text model),
+            ``architectures[0]``, and the dsparkhub family of its decoder.
+        hidden_size / num_hidden_layers / vocab_size: Ht, decoder layers, V.
+        embed / lm_head: the embedding and LM-head tensors as stored in the checkpoint.
+        tied: ``tie_word_embeddings``.
+        config: further text-config keys (heads, MLA ranks, experts, ...) used by skeletons and meta-device checks.
+        quantization: notes on how the checkpoint is quantized.
+        drafter_defaults: ``target_layer_ids`` (layer index), ``block_size``, ``mask_token_id``,
+            ``num_speculative_tokens``, ``markov_rank`` the seeds used.
+        serving: the serving settings the seeds published (engine, tp, max_model_len, speculative_config, ...).
+        license: Hub license id.
+        checkpoint: shard count and tensor templates for :mod:`dsparkhub.skeleton`.
+        facts: field -> ``{"verified": bool, "source": str}``.
+        path: the YAML file.
+    """
+
+    name: str
+    title: str
+    repo_id: str
+    model_type: str
+    architecture: str
+    family: str
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+    embed: TensorRef
+    lm_head: TensorRef
+    license: str
+    text_model_type: str | None = None
+    tied: bool = False
+    config: dict = field(default_factory=dict)
+    quantization: str = ""
+    drafter_defaults: dict = field(default_factory=dict)
+    serving: dict = field(default_factory=dict)
+    checkpoint: dict = field(default_factory=dict)
+    facts: dict = field(default_factory=dict)
+    confirmed_by: list = field(default_factory=list)
+    path: str = ""
+
+    def verified(self, name: str) -> bool | None:
+        """Whether ``facts`` marks field ``name`` verified (None when the manifest says nothing)."""
+        f = self.facts.get(name)
+        return None if f is None else bool(f.get("verified"))
+
+    def to_dict(self) -> dict:
+        """Plain JSON types (what ``manifests show --json`` prints)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for k in ("embed", "lm_head"):
+            t = out[k]
+            out[k] = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
+        return out
+
+
+@dataclass
+class ReleaseManifest:
+    """A published drafter release and its published numbers (FORMATS §9).
+
+    Attributes:
+        name / title / publisher / repo_id: manifest id, title, who published it, Hub repo (may be unverified).
+        target: the target manifest's name.
+        layout / variant: the recipe that reads it and ``dspark`` | ``dflash`` | ``eagle3``.
+        settings: block size, num_speculative_tokens, draft vocab, ... as published.
+        published: list of ``{metric, value, ...conditions, source}`` rows.
+        facts: field -> ``{"verified": bool, "source": str}``.
+    """
+
+    name: str
+    title: str
+    publisher: str
+    target: str
+    layout: str
+    variant: str
+    published: list
+    repo_id: str | None = None
+    settings: dict = field(default_factory=dict)
+    facts: dict = field(default_factory=dict)
+    path: str = ""
+
+    def to_dict(self) -> dict:
+        """Plain JSON types."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _tensor_ref(data, where: str, path: Path) -> TensorRef:
+    if not isinstance(data, dict) or not {"name", "shape", "dtype"} <= set(data):
+        raise ManifestError(f"`{where}` must be {{name, shape, dtype}}, found {data!r}", path=path)
+    if data["dtype"] not in DTYPE_BITS:
+        raise ManifestError(f"`{where}.dtype` {data['dtype']!r} is not a safetensors dtype code", path=path)
+    if not isinstance(data["shape"], list) or not all(type(d) is int and d >= 0 for d in data["shape"]):
+        raise ManifestError(f"`{where}.shape` must be a list of non-negative integers, found {data['shape']!r}",
+                            path=path)
+    return TensorRef(str(data["name"]), tuple(data["shape"]), data["dtype"])
+
+
+def _check_facts(data: dict, path: Path) -> None:
+    facts = data.get("facts") or {}
+    if not isinstance(facts, dict):
+        raise ManifestError("`facts` must map field names to {verified, source}", path=path)
+    for key, f in facts.items():
+        if not isinstance(f, dict) or not isinstance(f.get("verified"), bool) or not isinstance(f.get("source"), str):
+            raise ManifestError(f"`facts.{key}` must be {{verified: true|false, source: text}}, found {f!r}",
+                                path=path)
+        top = key.split(".")[0]
+        if top not in data:
+            raise ManifestError(f"`facts.{key}` describes a field the manifest does not have", path=path)
+
+
+def _load_target(data: dict, path: Path) -> TargetManifest:
+    missing = [k for k in TARGET_REQUIRED if k not in data]
+    if missing:
+        raise ManifestError(f"target manifest lacks {', '.join(missing)}", path=path)
+    for k in ("hidden_size", "num_hidden_layers", "vocab_size"):
+        if type(data[k]) is not int or data[k] <= 0:
+            raise ManifestError(f"`{k}` must be a positive integer, found {data[k]!r}", path=path)
+    _check_facts(data, path)
+    known = {f.name for f in fields(TargetManifest)}
+    unknown = sorted(set(data) - known - {"kind"})
+    if unknown:
+        raise ManifestError(f"unknown target manifest keys {unknown}", path=path)
+    embed = _tensor_ref(data["embed"], "embed", path)
+    head = _tensor_ref(data["lm_head"], "lm_head", path)
+    for ref, what in ((embed, "embed"), (head, "lm_head")):
+        if ref.shape != (data["vocab_size"], data["hidden_size"]):
+            raise ManifestError(f"`{what}.shape` {list(ref.shape)} disagrees with [vocab_size, hidden_size] = "
+                                f"[{data['vocab_size']}, {data['hidden_size']}]", path=path)
+    ids = (data.get("drafter_defaults") or {}).get("target_layer_ids")
+    if ids is not None and not all(type(i) is int and -1 <= i < data["num_hidden_layers"] for i in ids):
+        raise ManifestError(f"`drafter_defaults.target_layer_ids` {ids} must be layer indices in "
+                            f"-1 .. {data['num_hidden_layers'] - 1}", path=path)
+    kw = {k: v for k, v in data.items() if k in known}
+    kw.update(embed=embed, lm_head=head, path=str(path))
+    return TargetManifest(**kw)
+
+
+def _load_release(data: dict, path: Path) -> ReleaseManifest:
+    missing = [k for k in RELEASE_REQUIRED if k not in data]
+    if missing:
+        raise ManifestError(f"release manifest lacks {', '.join(missing)}", path=path)
+    _check_facts(data, path)
+    known = {f.name for f in fields(ReleaseManifest)}
+    unknown = sorted(set(data) - known - {"kind"})
+    if unknown:
+        raise ManifestError(f"unknown release manifest keys {unknown}", path=path)
+    if not isinstance(data["published"], list) or not all(isinstance(r, dict) and "metric" in r and "value" in r
+                                                          and "source" in r for r in data["published"]):
+        raise ManifestError("`published` must be a list of {metric, value, source, ...} rows", path=path)
+    return ReleaseManifest(**{k: v for k, v in data.items() if k in known}, path=str(path))
+
+
+@lru_cache(maxsize=4)
+def _load_all(folder: str) -> tuple[dict, dict]:
+    targets: dict[str, TargetManifest] = {}
+    releases: dict[str, ReleaseManifest] = {}
+    for kind, loader, into in (("targets", _load_target, targets), ("releases", _load_release, releases)):
+        for path in sorted((Path(folder) / kind).glob("*.yaml")):
+            try:
+                data = yaml.safe_load(path.read_text())
+            except yaml.YAMLError as exc:
+                raise ManifestError(f"manifest is not valid YAML: {exc}", path=path) from None
+            if not isinstance(data, dict):
+                raise ManifestError("manifest must be a mapping", path=path)
+            m = loader(data, path)
+            if m.name != path.stem:
+                raise ManifestError(f"manifest name {m.name!r} differs from its file name {path.stem!r}", path=path)
+            into[m.name] = m
+    for r in releases.values():
+        if r.target not in targets:
+            raise ManifestError(f"release {r.name!r} names target {r.target!r}, which has no manifest; known: "
+                                f"{sorted(targets)}", path=r.path)
+    return targets, releases
+
+
+def load_manifests(folder: str | Path | None = None) -> tuple[dict[str, TargetManifest], dict[str, ReleaseManifest]]:
+    """Every target and release manifest in ``folder`` (default :func:`manifests_dir`), by name.
+
+    Raises:
+        ManifestError: a file is not valid YAML or breaks the schema (the message names the file and the key).
+    """
+    return _load_all(str(folder or manifests_dir()))
+
+
+def get_manifest(name: str, folder: str | Path | None = None) -> TargetManifest | ReleaseManifest:
+    """The target or release manifest called ``name``.
+
+    Raises:
+        ManifestError: unknown name (the message lists the known ones).
+    """
+    targets, releases = load_manifests(folder)
+    if name in targets:
+        return targets[name]
+    if name in releases:
+        return releases[name]
+    raise ManifestError(f"unknown manifest {name!r}; targets: {', '.join(sorted(targets))}; releases: "
+                        f"{', '.join(sorted(releases))}")
+
+
+def is_manifest_name(name: str, folder: str | Path | None = None) -> bool:
+    """Whether ``name`` names a target manifest (used by ``open_target`` before trying the Hub)."""
+    try:
+        targets, _ = load_manifests(folder)
+    except ManifestError:
+        return False
+    return name in targets
+
+
+def _info(ref: TensorRef) -> TensorInfo:
+    nbytes = (math.prod(ref.shape) * DTYPE_BITS[ref.dtype] + 7) // 8
+    return TensorInfo(ref.name, ref.dtype, ref.shape, "", 0, nbytes)
+
+
+def target_spec_from_manifest(name: str | TargetManifest, folder: str | Path | None = None):
+    """A :class:`~dsparkhub.target.TargetSpec` from a target manifest: geometry and embedding / LM-head headers,
+    no data (``local`` is False, so byte comparisons are skipped and reported as such).
+
+    Raises:
+        ManifestError: unknown name, or ``name`` is a release manifest.
+    """
+    from .target import TargetSpec
+
+    m = name if isinstance(name, TargetManifest) else get_manifest(name, folder)
+    if not isinstance(m, TargetManifest):
+        raise ManifestError(f"{m.name!r} is a release manifest; pass its target {m.target!r}")
+    embed, head = _info(m.embed), _info(m.lm_head)
+    tensors = {embed.name: embed, head.name: head}
+    cfg = {**m.config, "model_type": m.text_model_type or m.model_type, "hidden_size": m.hidden_size,
+           "num_hidden_layers": m.num_hidden_layers, "vocab_size": m.vocab_size, "tie_word_embeddings": m.tied}
+    ck = Checkpoint(f"manifest:{m.name}", cfg, tensors, [], None, {}, remote=True)
+    spec = TargetSpec(f"manifest:{m.name}", ck, cfg, cfg["model_type"], m.hidden_size, m.num_hidden_layers,
+                      m.vocab_size, embed, head, m.tied)
+    spec.default_target_layer_ids = (m.drafter_defaults or {}).get("target_layer_ids")
+    spec.manifest = m.name
+    return spec
+
+
+#: transformers 5.19 classes that build a target of a manifest ``model_type`` (for :func:`meta_check`).
+META_CLASSES = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+                "deepseek_v4": ("DeepseekV4ForCausalLM", "DeepseekV4Config"),
+                "kimi_k25": ("Kimi_K25ForConditionalGeneration", None)}
+
+
+@dataclass
+class MetaCheck:
+    """How a manifest's checkpoint tensors compare with transformers' own model class built on the ``meta`` device.
+
+    Attributes:
+        model_class: the transformers class used.
+        matched: checkpoint names whose renamed HF name exists with the same shape.
+        merged: checkpoint names that transformers merges into a fused tensor (experts); existence checked only.
+        mismatched: ``(checkpoint name, manifest shape, HF shape)`` for shape disagreements.
+        unmapped: checkpoint names with no HF counterpart (quantization side tensors such as ``.scale``).
+    """
+
+    model_class: str
+    matched: list = field(default_factory=list)
+    merged: list = field(default_factory=list)
+    mismatched: list = field(default_factory=list)
+    unmapped: list = field(default_factory=list)
+
+
+def meta_check(m: TargetManifest | str, *, layers: int | None = 2) -> MetaCheck:
+    """Compare ``m``'s checkpoint tensor names / shapes with transformers 5.19's model class on the ``meta`` device.
+
+    Checkpoint names are mapped to HF names with transformers' own ``conversion_mapping`` (``rename_source_key``),
+    exactly as ``from_pretrained`` would; the model is built from the manifest's geometry and ``config`` (with
+    ``layers`` decoder layers to keep it quick: every layer has the same tensors). Costs no memory (meta tensors).
+
+    Raises:
+        ManifestError: no transformers class for the manifest's model type, or no tensor layout.
+    """
+    import dataclasses
+
+    import torch
+    import transformers
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    from .skeleton import skeleton_tensors
+
+    m = m if isinstance(m, TargetManifest) else get_manifest(m)
+    if m.model_type not in META_CLASSES:
+        raise ManifestError(f"no transformers class to check manifest {m.name!r} (model_type {m.model_type!r})")
+    cls_name, cfg_name = META_CLASSES[m.model_type]
+    geometry = {"hidden_size": m.hidden_size, "num_hidden_layers": layers or m.num_hidden_layers,
+                "vocab_size": m.vocab_size, "tie_word_embeddings": m.tied}
+    text = {k: v for k, v in m.config.items() if not k.startswith("num_mla") and not k.startswith("num_kda")}
+    if m.model_type == "kimi_k25":
+        from transformers.models.kimi_k25.configuration_kimi_k25 import Kimi_K25Config
+
+        cfg = Kimi_K25Config(text_config={**text, **geometry, "model_type": "deepseek_v3"})
+    else:
+        cfg = getattr(transformers, cfg_name)(**{**text, **geometry})
+    with torch.device("meta"):
+        model = getattr(transformers, cls_name)(cfg)
+    hf = {n: tuple(p.shape) for n, p in model.state_dict().items()}
+    mapping = get_checkpoint_conversion_mapping(m.model_type) or []
+    renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    small = dataclasses.replace(m, num_hidden_layers=layers or m.num_hidden_layers)
+    out = MetaCheck(cls_name)
+    for t in skeleton_tensors(small):
+        name, conv = rename_source_key(t.name, renamings, converters, model.base_model_prefix, hf)
+        if conv is not None:
+            (out.merged if name in hf else out.unmapped).append(t.name)
+        elif name not in hf:
+            out.unmapped.append(t.name)
+        elif hf[name] != t.shape:
+            out.mismatched.append((t.name, list(t.shape), list(hf[name])))
+        else:
+            out.matched.append(t.name)
+    return out

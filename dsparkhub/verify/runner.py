@@ -1,0 +1,245 @@
+"""Run a verify: validate, then per dataset the baseline and each ``num_speculative_tokens``, then the results file.
+
+This module owns the order of a verify run and the one place where backends are constructed by name
+(:func:`make_backend`, lazy imports, so ``dsparkhub verify --backend reference`` never imports vLLM and the CLI
+knows no engine details). It does not generate tokens itself (the backends do: ``reference.ReferenceEngine``,
+``vllm_backend``), compute metrics (``results``) or read prompt files (``prompts``).
+
+Order of a run (each step fails with a clear error before the next, more expensive, one starts):
+
+1. check the arguments (n values, temperature, method detected from the drafter config);
+2. ``dsparkhub.validate.validate(draft, target, num_speculative_tokens=max(n))``: fc width, mask token, vocab...
+   from safetensors headers, before any model is loaded (``ValidationFailedError`` lists every error);
+3. read and tokenize every dataset (``PromptFileError`` names the file and line);
+4. construct the backend; for each configuration (the baseline without the drafter, then every n) run every
+   dataset, batch 1 (configuration-outer, so the vLLM backend starts one engine per configuration);
+5. build and save the results (atomically); with temperature 0 a run whose outputs differ from the baseline makes
+   the run *not lossless*: the file is still written (``lossless: false``) and ``LosslessMismatchError`` is raised
+   with the dataset, prompt, position and both tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..errors import (CheckpointFormatError, DsparkhubError, EngineUnavailableError, ValidationFailedError,
+                      VerifyError)
+from ..hashing import checkpoint_fingerprint
+from .results import METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results, target_fingerprint
+from .stats import Backend, RunStats
+
+BACKEND_NAMES = ("reference", "vllm", "vllm-serve")
+
+
+def detect_method(draft: str | Path) -> str:
+    """The speculative method of a drafter folder from its ``config.json``: ``dspark``, ``dflash`` or ``eagle3``.
+
+    Uses the same rules as the vLLM backend (``vllm_backend.method_for_drafter``: ``speculators_model_type``,
+    then DSpark / DFlash / Eagle3 architectures and config keys), so the results file and the engine agree. Never
+    guesses from the folder name (vLLM does, and loads a DSpark drafter stored under a path containing "dflash" as
+    DFlash; FORMATS.md §1).
+
+    Raises:
+        LayoutError: no readable ``config.json``, or nothing in it names a method.
+        CheckpointFormatError: the method found is not one a results file records (e.g. EAGLE-1).
+    """
+    from .vllm_backend import method_for_drafter  # stdlib-only module: vLLM itself is imported by its child
+
+    method = method_for_drafter(draft)
+    if method not in METHODS:
+        raise CheckpointFormatError(f"the drafter's method is {method!r}; dsparkhub verify records "
+                                    f"{', '.join(METHODS)}", path=draft, hint="pass --method to override")
+    return method
+
+
+def make_backend(name: str, *, target: str, draft: str, method: str, device: str | None = None,
+                 tensor_parallel_size: int = 1, max_model_len: int | None = None,
+                 compilation_config: dict | None = None, confidence_threshold: float | None = None,
+                 server_url: str | None = None, baseline_url: str | None = None) -> Backend:
+    """Construct a verify backend by name, importing its module only now.
+
+    Args:
+        name: ``reference`` (dsparkhub's PyTorch engine, CPU or CUDA), ``vllm`` (vLLM offline ``LLM`` in a child
+            process) or ``vllm-serve`` (a running ``vllm serve`` at ``server_url``).
+        target / draft: target and drafter (folders, or what the engine accepts).
+        method: ``dspark`` | ``dflash`` | ``eagle3`` (always passed explicitly to vLLM).
+        device: ``cpu`` / ``cuda`` for the reference engine (None = its default).
+        tensor_parallel_size / max_model_len / compilation_config: vLLM engine settings.
+        confidence_threshold: proposal truncation threshold (reference engine).
+        server_url: base URL of ``vllm serve`` with the drafter (``vllm-serve`` only).
+        baseline_url: base URL of a ``vllm serve`` of the same target without a drafter (``vllm-serve`` only).
+
+    Raises:
+        EngineUnavailableError: unknown name, the engine's module is missing (vLLM not installed), or a setting the
+            chosen backend does not take.
+    """
+    if name == "reference":
+        if server_url or baseline_url:
+            raise EngineUnavailableError("--server-url / --baseline-url are only for --backend vllm-serve")
+        if tensor_parallel_size != 1:
+            raise EngineUnavailableError(f"the reference engine runs on one device; --tp {tensor_parallel_size} "
+                                         f"needs --backend vllm")
+        try:
+            from .reference import ReferenceEngine
+        except ImportError as exc:
+            raise EngineUnavailableError(f"the reference engine cannot be imported: {exc}") from exc
+        # The method is read by dsparkhub.modeling from the drafter config; the seed goes to each run.
+        return ReferenceEngine(target, draft, device=device or "cpu", confidence_threshold=confidence_threshold)
+    if name in ("vllm", "vllm-serve"):
+        if confidence_threshold is not None:
+            raise EngineUnavailableError("vLLM 0.32 has no confidence threshold (it offers adaptive verification, "
+                                         "a cost model); drop --confidence-threshold or use --backend reference")
+        if device is not None:
+            raise EngineUnavailableError("--device is for the reference engine; vLLM picks its own device")
+        from .vllm_backend import VllmBackend, VllmServerBackend
+
+        if name == "vllm":
+            if server_url or baseline_url:
+                raise EngineUnavailableError("--server-url / --baseline-url are only for --backend vllm-serve")
+            return VllmBackend.from_options(target, draft, method=method, tensor_parallel_size=tensor_parallel_size,
+                                            max_model_len=max_model_len, compilation_config=compilation_config)
+        if not server_url:
+            raise EngineUnavailableError("--backend vllm-serve needs --server-url (a `vllm serve` started with the "
+                                         "drafter) and --baseline-url (the same target without a drafter)")
+        # A running server's settings were fixed at launch; TP / max_model_len / compilation config are recorded
+        # in the results as given, so give the values the servers were started with.
+        return VllmServerBackend.from_options(server_url, baseline_url=baseline_url)
+    raise EngineUnavailableError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
+
+
+def _validate(draft: str | Path, target: str | Path | None, n: int) -> None:
+    """Static checks before any model is loaded (``dsparkhub.validate``); raise with every error listed."""
+    from ..validate import validate
+
+    report = validate(draft, target, num_speculative_tokens=n)
+    if not report.ok:
+        lines = "\n".join(f"  - [{f.code}] {f.location}: {f.message}" if getattr(f, "location", None)
+                          else f"  - [{f.code}] {f.message}" for f in report.errors)
+        raise ValidationFailedError(f"the drafter does not pass validation against the target "
+                                    f"({len(report.errors)} error(s)):\n{lines}", report=report, path=draft,
+                                    hint="run `dsparkhub validate` for the full report; no model was loaded")
+
+
+def _run_one(backend: Backend, prompts: list[list[int]], *, n: int | None, max_new_tokens: int,
+             temperature: float, seed: int, desc: str, progress: bool) -> RunStats:
+    """One configuration with a tqdm bar on stderr (per prompt where the backend reports progress)."""
+    from tqdm import tqdm
+
+    kwargs = dict(num_speculative_tokens=n, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    with tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr, disable=not progress,
+              leave=True) as bar:
+        # The Backend protocol has no progress hook; a backend that offers ``progress=callable(k)`` gets one.
+        if "progress" in inspect.signature(backend.run).parameters:
+            kwargs["progress"] = bar.update
+        stats = backend.run(prompts, **kwargs)
+        bar.update(bar.total - bar.n)
+    if len(stats.outputs) != len(prompts):
+        raise VerifyError(f"backend {backend.name} returned outputs for {len(stats.outputs)} prompts, "
+                                     f"expected {len(prompts)} ({desc})")
+    return stats
+
+
+def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend = "reference",
+               num_speculative_tokens: Sequence[int] = (3, 5, 7), datasets=None, max_new_tokens: int = 128,
+               temperature: float = 0.0, seed: int = 0, max_prompts: int | None = None, method: str | None = None,
+               device: str | None = None, tensor_parallel_size: int = 1, max_model_len: int | None = None,
+               compilation_config: dict | None = None, confidence_threshold: float | None = None,
+               server_url: str | None = None, baseline_url: str | None = None, out: str | Path | None = None,
+               progress: bool = True,
+               check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
+               validate_fn: Callable | None = None) -> VerifyResults:
+    """Verify a drafter against its target and return (and optionally save) the results.
+
+    Args:
+        draft: drafter folder (converted, e.g. the output of ``dsparkhub convert``).
+        target: target folder (or Hub repo id / served model name for the vLLM backends).
+        backend: a backend name for :func:`make_backend`, or a ready :class:`Backend` (not closed here).
+        num_speculative_tokens: the n values to measure (each gets its own run per dataset).
+        datasets: ``--datasets`` specs (see ``prompts.parse_dataset_specs``); None = built-in smoke set.
+        max_new_tokens: generation cap per prompt.
+        temperature: 0 = greedy (lossless check on); > 0 samples and skips the lossless check.
+        seed: sampling seed.
+        max_prompts: cap per dataset.
+        method: ``dspark`` | ``dflash`` | ``eagle3``; detected from the drafter's config.json when None.
+        device, tensor_parallel_size, max_model_len, compilation_config, confidence_threshold, server_url,
+        baseline_url:
+            engine settings (see :func:`make_backend`), recorded in the results.
+        out: write the results file here (atomically), also when the run is not lossless.
+        progress: show tqdm bars on stderr.
+        check: run ``dsparkhub.validate`` first (skip only for engines that do their own checks).
+        raise_on_mismatch: raise :class:`LosslessMismatchError` after saving when a run is not lossless.
+        tokenizer: tokenizer to use instead of the target folder's.
+        validate_fn: replacement for the validation step ``(draft, target, n) -> None`` (tests).
+
+    Returns:
+        The :class:`VerifyResults` (also written to ``out``).
+
+    Raises:
+        ValueError-based DsparkhubError: bad n values / temperature / max_new_tokens.
+        ValidationFailedError: the drafter does not fit the target (no model was loaded).
+        PromptFileError: a dataset cannot be read or tokenized.
+        EngineUnavailableError / VerifyError: the engine is missing, refused or crashed.
+        LosslessMismatchError: greedy outputs differ (after ``out`` was written).
+    """
+    ns = sorted(set(int(n) for n in num_speculative_tokens))
+    if not ns or ns[0] < 1 or len(ns) != len(list(num_speculative_tokens)):
+        raise _ArgError(f"num_speculative_tokens must be distinct positive integers, found "
+                        f"{list(num_speculative_tokens)}")
+    if temperature < 0:
+        raise _ArgError(f"temperature must be >= 0, found {temperature}")
+    if max_new_tokens < 1:
+        raise _ArgError(f"max_new_tokens must be at least 1, found {max_new_tokens}")
+    draft, target = str(draft), str(target)
+    method = method or detect_method(draft)
+    if method not in METHODS:
+        raise _ArgError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    if check:
+        # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
+        served_name = backend == "vllm-serve" and not Path(target).is_dir()
+        (validate_fn or _validate)(draft, None if served_name else target, max(ns))
+
+    from .prompts import load_datasets
+
+    data = load_datasets(datasets, target, max_prompts=max_prompts, tokenizer=tokenizer)
+
+    owned = isinstance(backend, str)
+    engine = make_backend(backend, target=target, draft=draft, method=method, device=device,
+                          tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
+                          compilation_config=compilation_config, confidence_threshold=confidence_threshold,
+                          server_url=server_url, baseline_url=baseline_url) if owned else backend
+    stats: dict[tuple[str, int | None], RunStats] = {}
+    try:
+        # Configuration-outer, dataset-inner: the vLLM backend starts one engine per configuration.
+        for n in [None] + ns:
+            for ds in data:
+                stats[ds.name, n] = _run_one(engine, ds.prompts, n=n, max_new_tokens=max_new_tokens,
+                                             temperature=temperature, seed=seed, progress=progress,
+                                             desc=f"{ds.name} {'baseline' if n is None else f'n={n}'}")
+        info = EngineInfo(backend=engine.name, version=engine.version, device=engine.device)
+    finally:
+        if owned:
+            engine.close()
+    runs = [(ds.name, ds.source, stats[ds.name, None], {n: stats[ds.name, n] for n in ns}) for ds in data]
+
+    results = build_results(
+        engine=info, method=method,
+        target=ModelRef(id=target, fingerprint=target_fingerprint(target)),
+        drafter=ModelRef(id=draft, fingerprint=checkpoint_fingerprint(draft) if Path(draft).is_dir() else None),
+        settings=Settings(temperature=float(temperature), max_new_tokens=max_new_tokens, seed=seed,
+                          num_speculative_tokens=ns, tensor_parallel_size=tensor_parallel_size,
+                          max_model_len=max_model_len, compilation_config=compilation_config,
+                          confidence_threshold=confidence_threshold),
+        runs=runs,
+    )
+    if out is not None:
+        results.save(out)
+    if raise_on_mismatch and results.lossless is False:
+        raise results.lossless_error()
+    return results
+
+
+class _ArgError(DsparkhubError, ValueError):
+    """A verify argument is out of range (n values, temperature, max_new_tokens, method)."""

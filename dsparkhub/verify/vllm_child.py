@@ -1,0 +1,182 @@
+"""The child process that runs vLLM for ``dsparkhub.verify.vllm_backend`` and ``dsparkhub.verify.vllm_checks``.
+
+Run as ``python -m dsparkhub.verify.vllm_child engine|check``. Protocol (see ``vllm_backend.ChildProcess``): each
+line on stdin is the path of a JSON request; the answer is written to ``<request without .json>.out.json``
+(temp file, then rename, so the parent never reads half a file). EOF on stdin ends the process. Exceptions are
+answered as ``{"error": {"type", "message", "stage", "traceback_tail"}}``; the parent turns known vLLM refusals into
+``EngineUnavailableError``. Anything that kills the process (segfault, OOM) is seen by the parent as a missing
+answer plus an exit status.
+
+Why a child: vLLM keeps global state (distributed groups, the current config, Prometheus registry), spawns its own
+engine-core processes, and may abort the interpreter; none of that may reach the user's process. vLLM spawns
+processes, so this module starts it only under ``if __name__ == "__main__":``.
+
+Engine mode requests:
+- ``{"action": "start", "model": TARGET, "engine_args": {...}}`` -> builds ``vllm.LLM(model=TARGET, **engine_args)``
+  (on CPU ``enforce_eager`` defaults to True and the KV cache to 1 GiB), warms it up with one short generate, answers
+  ``{"vllm_version", "device", "start_s", "warmup_s", "model_runner"}``.
+- ``{"action": "run", "prompts", "max_new_tokens", "temperature", "seed", "ignore_eos"}`` -> generates each prompt
+  alone (batch 1), timing only the ``generate`` calls; answers ``{"outputs", "wall_s", "per_prompt_s",
+  "counters_before", "counters_after"}`` (vLLM's cumulative spec-decode counters around the run).
+- ``{"action": "metrics_text"}`` -> the Prometheus exposition text of this process's registry (what ``vllm serve``
+  would show on ``/metrics``), for tests of the text parser.
+
+Check mode requests: ``{"draft", "target", "num_speculative_tokens", "dtype", "max_model_len"}`` ->
+``vllm_checks.run_checks(...)`` as a dict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+# Warm-up prompt: small token ids exist in every vocabulary.
+_WARMUP_PROMPT = list(range(1, 17))
+_WARMUP_NEW_TOKENS = 8
+
+
+def _device(tensor_parallel_size: int) -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} x{tensor_parallel_size}"
+    return f"cpu ({os.cpu_count()} cores)"
+
+
+class EngineSession:
+    """One ``vllm.LLM`` and the requests against it."""
+
+    def __init__(self) -> None:
+        self.llm = None
+        self.stage = "importing vllm"
+
+    def handle(self, request: dict) -> dict:
+        action = request.get("action")
+        if action == "start":
+            return self.start(request)
+        if self.llm is None:
+            raise RuntimeError(f"request {action!r} before a successful 'start'")
+        if action == "run":
+            return self.run(request)
+        if action == "metrics_text":
+            from prometheus_client import REGISTRY, generate_latest
+
+            return {"text": generate_latest(REGISTRY).decode()}
+        raise ValueError(f"unknown action {action!r}")
+
+    def start(self, request: dict) -> dict:
+        self.stage = "importing vllm"
+        import torch
+        import vllm
+        from vllm import LLM
+
+        args = dict(request.get("engine_args") or {})
+        if not torch.cuda.is_available():
+            args.setdefault("enforce_eager", True)
+            # vLLM's CPU worker otherwise reserves gpu_memory_utilization (0.9) of the machine's RAM and refuses to
+            # start when other processes use it (v1/worker/cpu_worker.py); 1 GiB of KV cache is ample for batch-1
+            # verify runs. An explicit VLLM_CPU_KVCACHE_SPACE or kv_cache_memory_bytes wins.
+            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                args.setdefault("kv_cache_memory_bytes", 1 << 30)
+        self.stage = "starting the engine"
+        t0 = time.perf_counter()
+        self.llm = LLM(model=request["model"], **args)
+        start_s = time.perf_counter() - t0
+        self.stage = "warming up"
+        t0 = time.perf_counter()
+        self._generate([_WARMUP_PROMPT], max_new_tokens=_WARMUP_NEW_TOKENS, temperature=0.0, seed=0,
+                       ignore_eos=True)
+        warmup_s = time.perf_counter() - t0
+        runner = None
+        try:
+            runner = "V2" if self.llm.llm_engine.vllm_config.use_v2_model_runner else "V1"
+        except Exception:  # informational only; the attribute moved between vLLM versions
+            runner = None
+        return {"vllm_version": vllm.__version__, "device": _device(int(args.get("tensor_parallel_size", 1))),
+                "start_s": start_s, "warmup_s": warmup_s, "model_runner": runner}
+
+    def _generate(self, prompts, *, max_new_tokens, temperature, seed, ignore_eos):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        outputs, times = [], []
+        for i, prompt in enumerate(prompts):
+            # prompt i samples with seed + i, as the reference engine does
+            params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed + i,
+                                    ignore_eos=ignore_eos)
+            t0 = time.perf_counter()
+            result = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt))], params, use_tqdm=False)
+            times.append(time.perf_counter() - t0)
+            outputs.append([int(t) for t in result[0].outputs[0].token_ids])
+        return outputs, times
+
+    def run(self, request: dict) -> dict:
+        from .vllm_backend import spec_counters_from_metrics
+
+        self.stage = "generating"
+        before = spec_counters_from_metrics(self.llm.get_metrics())
+        outputs, times = self._generate(request["prompts"], max_new_tokens=int(request["max_new_tokens"]),
+                                        temperature=float(request.get("temperature", 0.0)),
+                                        seed=int(request.get("seed", 0)),
+                                        ignore_eos=bool(request.get("ignore_eos", False)))
+        after = spec_counters_from_metrics(self.llm.get_metrics())
+        return {"outputs": outputs, "wall_s": sum(times), "per_prompt_s": times,
+                "counters_before": asdict(before), "counters_after": asdict(after)}
+
+
+class CheckSession:
+    """``vllm_checks.run_checks`` for each request (normally one per process: vLLM's distributed state is global)."""
+
+    stage = "checking"
+
+    def handle(self, request: dict) -> dict:
+        from .vllm_checks import run_checks
+
+        return run_checks(**request).to_dict()
+
+
+def _answer(request_path: Path, reply: dict) -> None:
+    out = request_path.with_name(request_path.name[: -len(".json")] + ".out.json")
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(reply))
+    os.replace(tmp, out)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[1] not in ("engine", "check"):
+        sys.stderr.write("usage: python -m dsparkhub.verify.vllm_child engine|check  (requests on stdin)\n")
+        return 2
+    session = EngineSession() if argv[1] == "engine" else CheckSession()
+    for line in sys.stdin:
+        path = Path(line.strip())
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(path.read_text())
+            reply = session.handle(request)
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as an answer
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            tb = traceback.format_exc()
+            reply = {"error": {"type": type(exc).__name__, "message": str(exc), "stage": session.stage,
+                               "traceback_tail": tb[-3000:]}}
+            from .vllm_backend import CHILD_EXCEPTION_MARKER
+
+            sys.stderr.write(f"{CHILD_EXCEPTION_MARKER}\n{tb}")
+        _answer(path, reply)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    # os._exit: skip interpreter teardown, where vLLM's atexit hooks can hang once the parent stopped listening.
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

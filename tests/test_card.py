@@ -1,0 +1,309 @@
+"""dsparkhub.card and `dsparkhub card`: metadata, tables, serve commands, every number traced to a results file,
+refusals (other drafter, not lossless, malformed), plots are real PNGs, atomic writes, template override."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from dsparkhub.card import CardError, write_card
+from dsparkhub.cli import main
+from dsparkhub.errors import ResultsError
+from dsparkhub.hashing import checkpoint_fingerprint
+from dsparkhub.verify.results import EngineInfo, ModelRef, Settings, build_results
+from dsparkhub.verify.stats import RunStats
+
+OUT_A = [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23]]
+OUT_B = [[31, 32, 33, 34, 35], [41, 42, 43, 44], [51, 52]]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# as dsparkhub.convert writes it (the keys the card reads)
+PROVENANCE = {"tool": "dsparkhub", "version": "0.1.0", "command": "convert", "created": "2026-11-30T20:40:00+00:00",
+              "source": {"path": "/runs/qwen3/step_1200", "layout": "deepspec",
+                         "files": {"model.safetensors": "c0ffee" * 10}},
+              "target": {"source": "Qwen/Qwen3-8B", "path": None, "config_sha256": None}, "layout": "vllm",
+              "options": {"keep_embeddings": False}, "files": {"config.json": "ab12" * 16}}
+
+
+def make_drafter(path: Path, provenance: dict | None = None) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "block_size": 7, "num_hidden_layers": 2,
+        "hidden_size": 96, "target_layer_ids": [1, 5, 9], "mask_token_id": 1021, "markov_rank": 24,
+        "markov_head_type": "vanilla", "vocab_size": 1024}))
+    (path / "model.safetensors").write_bytes(b"weights")
+    if provenance is not None:
+        (path / "dsparkhub_provenance.json").write_text(json.dumps(provenance))
+    return path
+
+
+def spec(outputs, wall, drafts, per_pos):
+    n = len(per_pos)
+    return RunStats(outputs=outputs, wall_s=wall, num_drafts=drafts, num_draft_tokens=drafts * n,
+                    num_accepted_tokens=sum(per_pos), accepted_per_pos=per_pos)
+
+
+def make_results(draft: Path, path: Path, *, backend="reference", device="cpu (2 threads)", version="dsparkhub 0.1.0",
+                 fingerprint=None, mismatch=False, temperature=0.0, settings=None) -> Path:
+    b3 = [list(o) for o in OUT_B]
+    if mismatch:
+        b3[0][2] = 999
+    runs = [
+        ("gsm-mini", "/data/gsm-mini.jsonl", RunStats(outputs=OUT_A, wall_s=3.37),
+         {3: spec(OUT_A, 1.83, 5, [5, 3, 2]), 7: spec(OUT_A, 1.41, 3, [3, 3, 2, 2, 1, 1, 0])}),
+        ("code", "builtin:code", RunStats(outputs=OUT_B, wall_s=2.91),
+         {3: spec(b3, 1.77, 6, [5, 4, 1]), 7: spec(OUT_B, 1.59, 4, [4, 3, 3, 2, 1, 0, 0])}),
+    ]
+    s = settings or Settings(temperature=temperature, max_new_tokens=7, seed=13, num_speculative_tokens=[3, 7])
+    res = build_results(engine=EngineInfo(backend, version, device), method="dspark",
+                        target=ModelRef("Qwen/Qwen3-8B", None),
+                        drafter=ModelRef(str(draft), fingerprint or checkpoint_fingerprint(draft)),
+                        settings=s, runs=runs, date="2026-11-30T21:04:05+00:00")
+    return res.save(path)
+
+
+def front_matter(text: str) -> dict:
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("\n---\n", 1)[0][4:])
+
+
+# ---- every number comes from a file --------------------------------------------------------------------------
+
+_HEX = re.compile(r"[0-9a-f]{16,}")
+_NUM = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\d.]*\d)")
+
+
+def numbers(text: str) -> list[str]:
+    return _NUM.findall(_HEX.sub(" ", text))
+
+
+def allowed_numbers(files: list[Path], options: list[str]) -> set[str]:
+    """Number tokens a card may show: those in the results / config / provenance files, the float values of the
+    results in the formats the card uses, draft positions 1..max n, and numbers in the command-line options."""
+    allowed: set[str] = set()
+    for f in files:
+        text = f.read_text()
+        allowed |= set(numbers(text))
+        if f.name.endswith(".json"):
+            stack = [json.loads(text)]
+            while stack:
+                x = stack.pop()
+                if isinstance(x, dict):
+                    stack += list(x.values())
+                elif isinstance(x, list):
+                    stack += x
+                elif isinstance(x, (int, float)) and not isinstance(x, bool):
+                    allowed |= {f"{abs(x):.1f}", f"{abs(x):.2f}", str(round(abs(x), 3)), str(x)}
+                    if isinstance(x, int):
+                        allowed |= {str(k) for k in range(1, x + 1)} if x <= 16 else set()
+    for o in options:
+        allowed |= set(numbers(o))
+    return allowed
+
+
+def test_every_number_in_the_card_comes_from_a_file(tmp_path):
+    draft = make_drafter(tmp_path / "d", provenance=PROVENANCE)
+    r1 = make_results(draft, tmp_path / "ref.json")
+    r2 = make_results(draft, tmp_path / "gpu.json", backend="vllm", version="vllm 0.32.0", device="NVIDIA H200 x8",
+                      settings=Settings(temperature=0.0, max_new_tokens=7, seed=13, num_speculative_tokens=[3, 7],
+                                        tensor_parallel_size=8, max_model_len=20000,
+                                        compilation_config={"pass_config": {"fuse_allreduce_rms": False}}))
+    out = write_card(draft, [r1, r2], repo_id="org/qwen3-8b-dspark", license="apache-2.0")
+    text = out.readme.read_text()
+    allowed = allowed_numbers([r1, r2, draft / "config.json", draft / "dsparkhub_provenance.json"],
+                              ["org/qwen3-8b-dspark", "apache-2.0"])
+    found = numbers(text)
+    assert len(found) > 150  # tables, settings and metadata really are in the card
+    stray = sorted({n for n in found if n not in allowed})
+    assert stray == [], f"numbers in the card that no file holds: {stray}"
+    # the checker itself catches a typed-in number
+    assert "9.87" not in allowed and "9.87" in numbers(text + "\n| extra | 9.87x |")
+
+
+# ---- content ----------------------------------------------------------------------------------------------------
+
+
+def test_card_content_reference_only(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    r = make_results(draft, tmp_path / "r.json")
+    out = write_card(draft, [r], repo_id="org/qwen3-8b-dspark", license="mit")
+    text = out.readme.read_text()
+    meta = front_matter(text)
+    assert meta["base_model"] == "Qwen/Qwen3-8B" and meta["library_name"] == "vllm"
+    assert meta["pipeline_tag"] == "text-generation" and meta["license"] == "mit" and meta["inference"] is False
+    assert meta["tags"] == ["speculative-decoding", "dspark", "draft-model", "vllm"]
+    metrics = [m for res in meta["model-index"][0]["results"] for m in res["metrics"]]
+    assert meta["model-index"][0]["name"] == "org/qwen3-8b-dspark"
+    # τ only: CPU reference-engine speedups never enter the metadata
+    assert {m["type"] for m in metrics} == {"acceptance_length"} and len(metrics) == 4
+    data = json.loads(r.read_text())
+    tau_a3 = data["datasets"][0]["runs"][0]["tau"]
+    assert tau_a3 == pytest.approx(1 + 10 / 5)
+    assert metrics[0]["value"] == round(tau_a3, 3)
+    a3, a7 = data["datasets"][0]["runs"]
+    c3, c7 = data["datasets"][1]["runs"]
+    row = f"| gsm-mini | {a3['speedup']:.2f}x (τ {a3['tau']:.2f}) | {a7['speedup']:.2f}x (τ {a7['tau']:.2f}) |"
+    assert row in text
+    assert f"| code | {c3['speedup']:.2f}x (τ {c3['tau']:.2f}) |" in text
+    s3, s7 = data["summary"]
+    assert (f"| **mean** | **{s3['mean_speedup']:.2f}x (τ {s3['mean_tau']:.2f})** | "
+            f"**{s7['mean_speedup']:.2f}x (τ {s7['mean_tau']:.2f})** |") in text
+    ch = data["change"]
+    assert f"From n=3 to n=7 the mean speedup changes by {ch['speedup_delta']:+.2f}x" in text
+    assert f"the mean τ by {ch['tau_delta']:+.2f}" in text
+    assert "| n | k=1 | k=2 | k=3 | k=4 | k=5 | k=6 | k=7 |" in text
+    assert "| 3 | " + " | ".join(f"{v:.2f}" for v in s3["mean_per_position_acceptance"]) + " |  |  |  |  |" in text
+    assert "CPU reference engine" in text and "**not** a GPU serving speedup" in text
+    assert "hint, not a GPU measurement" in text
+    best = max(data["summary"], key=lambda r: r["mean_speedup"])["num_speculative_tokens"]
+    assert (f"vllm serve Qwen/Qwen3-8B \\\n  --speculative-config '{{\"model\": \"org/qwen3-8b-dspark\", "
+            f"\"method\": \"dspark\", \"num_speculative_tokens\": {best}}}'") in text
+    assert "--tensor-parallel-size" not in text  # measured at TP 1: nothing to add
+    assert "- **Block size:** 7" in text and "- **Target layer ids (layer index):** [1, 5, 9]" in text
+    assert "no `dsparkhub_provenance.json`" in text
+    assert "![per-position acceptance](assets/acceptance_per_position.png)" in text
+    assert [p.name for p in out.plots] == ["acceptance_per_position.png", "speedup_vs_n.png"]
+
+
+def test_card_with_gpu_results_and_provenance(tmp_path):
+    draft = make_drafter(tmp_path / "d", provenance=PROVENANCE)
+    ref = make_results(draft, tmp_path / "ref.json")
+    gpu = make_results(draft, tmp_path / "gpu.json", backend="vllm", version="vllm 0.32.0", device="NVIDIA H200 x8",
+                       settings=Settings(temperature=0.0, max_new_tokens=7, seed=13, num_speculative_tokens=[3, 7],
+                                         tensor_parallel_size=8, max_model_len=20000,
+                                         compilation_config={"pass_config": {"fuse_allreduce_rms": False}}))
+    out = write_card(draft, [ref, gpu])
+    text = out.readme.read_text()
+    meta = front_matter(text)
+    assert meta["base_model"] == "Qwen/Qwen3-8B"  # from provenance / results, never a local path
+    metrics = [m for res in meta["model-index"][0]["results"] for m in res["metrics"]]
+    speedups = [m for m in metrics if m["type"] == "speedup"]
+    assert len(speedups) == 4 and all("vllm" in m["name"] and "H200" in m["name"] for m in speedups)
+    data = json.loads(gpu.read_text())
+    best = max(data["summary"], key=lambda r: r["mean_speedup"])["num_speculative_tokens"]
+    assert ("vllm serve Qwen/Qwen3-8B \\\n  --tensor-parallel-size 8 \\\n  --max-model-len 20000 \\\n"
+            "  --compilation-config '{\"pass_config\": {\"fuse_allreduce_rms\": false}}' \\\n"
+            f"  --speculative-config '{{\"model\": \"{draft}\", \"method\": \"dspark\", "
+            f"\"num_speculative_tokens\": {best}}}'") in text
+    assert "    tensor_parallel_size=8,\n    max_model_len=20000," in text
+    assert "compilation_config={'pass_config': {'fuse_allreduce_rms': False}}," in text
+    assert "had the highest mean speedup in the `vllm` measurements" in text
+    assert "### CPU reference engine" in text and "### vLLM offline engine (vllm 0.32.0, NVIDIA H200 x8)" in text
+    assert "on NVIDIA H200 x8" in text
+    assert "- **Source checkpoint:** `/runs/qwen3/step_1200` (deepspec layout)" in text
+    assert f"`model.safetensors` `{'c0ffee' * 10}`" in text
+    assert "- **Converted against target:** `Qwen/Qwen3-8B`" in text
+    assert '- **Conversion options:** `{"keep_embeddings": false}`' in text
+    assert "- **Converted with:** dsparkhub 0.1.0 on 2026-11-30T20:40:00+00:00" in text
+    assert '"command": "convert"' in text  # the whole file, folded
+    names = sorted(p.name for p in out.plots)
+    assert names == ["acceptance_per_position_reference.png", "acceptance_per_position_vllm.png",
+                     "speedup_vs_n_reference.png", "speedup_vs_n_vllm.png"]
+    assert all(f"(assets/{n})" in text for n in names)
+
+
+def test_temperature_results_say_lossless_not_checked(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    r = make_results(draft, tmp_path / "r.json", temperature=0.7, mismatch=True)  # mismatch is not a failure here
+    text = write_card(draft, [r]).readme.read_text()
+    assert "Lossless: not checked: temperature 0.7" in text
+
+
+def test_plots_are_png(tmp_path):
+    import matplotlib.image as mpimg
+
+    draft = make_drafter(tmp_path / "d")
+    out = write_card(draft, [make_results(draft, tmp_path / "r.json")])
+    assert len(out.plots) == 2
+    for p in out.plots:
+        assert p.read_bytes()[:8] == PNG_MAGIC
+        img = mpimg.imread(p)
+        assert img.shape[0] == 400 and img.shape[1] == 600 and img.std() > 0.01  # not a blank canvas
+    assert not list(draft.glob(".dsparkhub-card-*"))
+
+
+# ---- refusals ---------------------------------------------------------------------------------------------------
+
+
+def test_refuse_other_drafter(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    other = "f" * 64
+    r = make_results(draft, tmp_path / "r.json", fingerprint=other)
+    with pytest.raises(ResultsError) as ei:
+        write_card(draft, [r])
+    msg = str(ei.value)
+    assert other in msg and checkpoint_fingerprint(draft) in msg and str(r) in msg
+    assert not (draft / "README.md").exists()
+
+
+def test_refuse_changed_weights(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    r = make_results(draft, tmp_path / "r.json")
+    (draft / "model.safetensors").write_bytes(b"retrained weights")
+    with pytest.raises(ResultsError, match="measured on drafter fingerprint"):
+        write_card(draft, [r])
+
+
+def test_refuse_lossless_failed(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    r = make_results(draft, tmp_path / "r.json", mismatch=True)
+    with pytest.raises(ResultsError, match="not lossless .*dataset 'code', num_speculative_tokens=3"):
+        write_card(draft, [r])
+    assert not (draft / "README.md").exists() and not (draft / "assets").exists()
+
+
+def test_refuse_malformed_and_missing(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "dsparkhub.verify.results/1"}')
+    with pytest.raises(ResultsError, match="key `settings`: expected an object, found missing"):
+        write_card(draft, [bad])
+    with pytest.raises(CardError, match="at least one results file"):
+        write_card(draft, [])
+    with pytest.raises(FileNotFoundError):
+        write_card(tmp_path / "nope", [bad])
+
+
+def test_template_override_and_errors(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    r = make_results(draft, tmp_path / "r.json")
+    t = tmp_path / "mine.md.j2"
+    t.write_text("# {{ name }}\n{% for s in sections %}{{ s.mean | join(' ; ') }}{% endfor %}\n")
+    text = write_card(draft, [r], template=t, repo_id="org/x").readme.read_text()
+    data = json.loads(r.read_text())
+    s3 = data["summary"][0]
+    assert text.startswith("# org/x\n") and f"{s3['mean_speedup']:.2f}x (τ {s3['mean_tau']:.2f})" in text
+    (draft / "README.md").unlink()
+    t.write_text("{{ no_such_variable }}")
+    with pytest.raises(CardError, match="no_such_variable"):
+        write_card(draft, [r], template=t)
+    t.write_text("line one\n{% for x in %}")
+    with pytest.raises(CardError, match="line 2"):
+        write_card(draft, [r], template=t)
+    with pytest.raises(CardError, match="does not exist"):
+        write_card(draft, [r], template=tmp_path / "none.j2")
+    assert not (draft / "README.md").exists() and not list(draft.glob(".dsparkhub-card-*"))
+
+
+# ---- CLI ----------------------------------------------------------------------------------------------------------
+
+
+def test_cli_card(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    r = make_results(draft, tmp_path / "r.json")
+    res = CliRunner().invoke(main, ["card", str(draft), "--results", str(r), "--repo-id", "org/x",
+                                    "--base-model", "Qwen/Qwen3-8B", "--license", "mit"])
+    assert res.exit_code == 0, res.output
+    assert f"wrote {(draft / 'README.md').resolve()}" in res.output and "speedup_vs_n.png" in res.output
+    assert front_matter((draft / "README.md").read_text())["license"] == "mit"
+    bad = make_results(draft, tmp_path / "bad.json", mismatch=True)
+    res = CliRunner().invoke(main, ["card", str(draft), "--results", str(r), "--results", str(bad)])
+    assert res.exit_code == 1 and "ResultsError" in res.output and "not lossless" in res.output
+    res = CliRunner().invoke(main, ["card", str(draft)])
+    assert res.exit_code == 2  # --results is required: no way to make a card without measurements

@@ -1,0 +1,216 @@
+"""The embedded example: cache behaviour (fast) and the really trained artefacts (slow, ``example`` fixture)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import dsparkhub.example as example_mod
+from dsparkhub.example import build_example, example_key
+from dsparkhub.modeling import load_drafter
+
+torch.set_num_threads(1)
+MAX_NEW = example_mod.EXAMPLE_RECIPE["eval"]["max_new_tokens"]
+
+
+# ---- cache mechanics (no training) -----------------------------------------------------------------------------
+
+
+def _fake_build(out: Path) -> None:
+    (out / "deepspec_run" / "step_3").mkdir(parents=True)
+    (out / "info.json").write_text(json.dumps({"dspark_step": "step_3", "marker": os.getpid()}))
+
+
+def test_cache_is_keyed_reused_and_atomic(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(out):
+        calls.append(out)
+        _fake_build(out)
+
+    monkeypatch.setattr(example_mod, "_build_into", fake)
+    ex = build_example(tmp_path)
+    assert ex.root == tmp_path / f"example-{example_key()}"
+    assert ex.dspark_step == ex.root / "deepspec_run" / "step_3"
+    assert build_example(tmp_path).root == ex.root and len(calls) == 1  # reused
+    build_example(tmp_path, force=True)
+    assert len(calls) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ex.root.name]  # no temp folders left behind
+
+
+def test_interrupted_build_leaves_no_cache(tmp_path, monkeypatch):
+    def broken(out):
+        (out / "target").mkdir()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(example_mod, "_build_into", broken)
+    with pytest.raises(KeyboardInterrupt):
+        build_example(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cache_root_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARKHUB_CACHE", str(tmp_path / "c"))
+    monkeypatch.setattr(example_mod, "_build_into", _fake_build)
+    assert build_example().root.parent == tmp_path / "c"
+
+
+def test_cli_example_build(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from dsparkhub.cli import main
+
+    monkeypatch.setattr(example_mod, "_build_into", _fake_build)
+    res = CliRunner().invoke(main, ["example", "build", "--cache-dir", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["dspark_step"].endswith("step_3")
+
+
+# ---- the trained example (slow) ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_deepspec_layout_on_disk(example):
+    run = example.deepspec_run
+    latest = run / "step_latest"
+    assert latest.is_symlink() and os.readlink(latest) == example.dspark_step.name  # relative
+    assert latest.resolve() == example.dspark_step.resolve()
+    assert sorted(p.name for p in example.dspark_step.iterdir()) == [
+        "config.json", "model.safetensors", "train_config.py", "training_state.rank0.pt"]
+    cfg = json.loads((example.dspark_step / "config.json").read_text())
+    tcfg = json.loads((example.target / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["model_type"] == "qwen3"
+    expect = {"num_hidden_layers": 2, "num_target_layers": tcfg["num_hidden_layers"], "block_size": 7,
+              "target_layer_ids": [0, 1, 2], "markov_rank": 32, "markov_head_type": "vanilla",
+              "enable_confidence_head": True, "confidence_head_with_markov": True, "tie_word_embeddings": False,
+              "layer_types": ["full_attention"] * 2, "_attn_implementation": "flex_attention"}
+    assert {k: cfg[k] for k in expect} == expect
+    assert isinstance(cfg["num_anchors"], int)
+    assert cfg["mask_token_id"] == example.info["special_tokens"]["mask_token_id"] < tcfg["vocab_size"]
+    for key in ("hidden_size", "vocab_size", "rms_norm_eps", "head_dim", "num_attention_heads"):
+        assert cfg[key] == tcfg[key], key  # a copy of the target config
+    tensors = load_file(str(example.dspark_step / "model.safetensors"))
+    layer = {f"layers.{i}.{n}" for i in range(2) for n in (
+        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+        "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+        "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight")}
+    assert set(tensors) == layer | {
+        "fc.weight", "hidden_norm.weight", "norm.weight", "embed_tokens.weight", "lm_head.weight",
+        "markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "confidence_head.proj.weight",
+        "confidence_head.proj.bias"}
+    h, v = tcfg["hidden_size"], tcfg["vocab_size"]
+    assert list(tensors["fc.weight"].shape) == [h, 3 * h]
+    assert list(tensors["markov_head.markov_w1.weight"].shape) == [v, 32]
+    assert list(tensors["confidence_head.proj.weight"].shape) == [1, h + 32]
+    target = load_file(str(example.target / "model.safetensors"))
+    assert torch.equal(tensors["embed_tokens.weight"], target["model.embed_tokens.weight"])
+    assert torch.equal(tensors["lm_head.weight"], target["lm_head.weight"])
+    assert (example.dspark_step / "train_config.py").read_text().startswith("# DeepSpec-style")
+
+
+@pytest.mark.slow
+def test_dflash_layout_on_disk(example):
+    cfg = json.loads((example.dflash / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 8
+    assert cfg["dflash_config"] == {"target_layer_ids": [0, 1, 2],
+                                    "mask_token_id": example.info["special_tokens"]["mask_token_id"]}
+    names = set(load_file(str(example.dflash / "model.safetensors")))
+    assert "fc.weight" in names and "hidden_norm.weight" in names and "norm.weight" in names
+    assert not any(n.startswith(("embed_tokens", "lm_head", "markov_head", "confidence_head")) for n in names)
+
+
+@pytest.mark.slow
+def test_target_folder_and_prompts(example):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(example.target)
+    assert tok.mask_token == "<|mask|>" and tok.convert_tokens_to_ids("<|mask|>") == 2
+    assert tok.eos_token_id == 0 and len(tok) == 1024
+    msgs = [{"role": "user", "content": "def f(x):\n"}]
+    assert tok.apply_chat_template(msgs, tokenize=False) == "def f(x):\n"
+    lines = example.prompts.read_text().splitlines()
+    prompts = [json.loads(x)["prompt"] for x in lines]
+    assert 10 <= len(prompts) <= 20 and all(len(p) >= 60 for p in prompts)
+    held = example.info["corpus"]["heldout_modules"]
+    assert held and len(held) < 40
+
+
+def _engine_prompts(example, n=None):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(example.target)
+    prompts = [json.loads(x)["prompt"] for x in example.prompts.read_text().splitlines()]
+    ids = [tok(p)["input_ids"] for p in prompts]
+    return ids[:n] if n else ids
+
+
+@pytest.fixture(scope="module")
+def trained(example):
+    from dsparkhub.verify.reference import ReferenceEngine, load_target
+
+    target = load_target(example.target)
+    prompts = _engine_prompts(example)
+    # the build's own measurement settings (EXAMPLE_RECIPE["eval"]), so the numbers are comparable with info.json
+    base = ReferenceEngine(target).run(prompts, num_speculative_tokens=None, max_new_tokens=MAX_NEW)
+    return target, prompts, base
+
+
+@pytest.mark.slow
+def test_trained_dspark_drafts_and_is_lossless(example, trained):
+    from dsparkhub.verify.reference import ReferenceEngine
+
+    target, prompts, base = trained
+    stats = ReferenceEngine(target, example.deepspec_run).run(prompts, num_speculative_tokens=7,
+                                                              max_new_tokens=MAX_NEW)
+    assert stats.outputs == base.outputs
+    assert stats.tau >= 2.5, stats.tau
+    assert abs(stats.tau - example.info["tau"]["dspark"]["7"]) < 0.1  # the build's record is reproducible
+    acc = stats.per_position_acceptance
+    assert acc[0] > 0.5 and acc[0] >= acc[-1]
+    assert example.info["tau"]["dspark"]["7"] >= 2.5
+
+
+@pytest.mark.slow
+def test_trained_dflash_drafts_and_is_lossless(example, trained):
+    from dsparkhub.verify.reference import ReferenceEngine
+
+    target, prompts, base = trained
+    stats = ReferenceEngine(target, example.dflash).run(prompts, num_speculative_tokens=7, max_new_tokens=MAX_NEW)
+    assert stats.outputs == base.outputs
+    assert stats.tau >= 1.5, stats.tau  # weaker than DSpark (no Markov head, 1+N), but it drafts
+
+
+@pytest.mark.slow
+def test_shifted_target_layer_ids_collapse_tau(example, trained, tmp_path):
+    """The same weights read from the wrong target layers (off by one) draft garbage: τ near 1."""
+    from dsparkhub.verify.reference import ReferenceEngine
+
+    target, prompts, base = trained
+    step = tmp_path / "shifted"
+    shutil.copytree(example.dspark_step, step)
+    cfg = json.loads((step / "config.json").read_text())
+    cfg["target_layer_ids"] = [i + 1 for i in cfg["target_layer_ids"]]
+    (step / "config.json").write_text(json.dumps(cfg))
+    drafter = load_drafter(step, target)
+    assert drafter.config.target_layer_ids == (1, 2, 3)
+    stats = ReferenceEngine(target, drafter).run(prompts[:8], num_speculative_tokens=7, max_new_tokens=MAX_NEW)
+    assert stats.outputs == base.outputs[:8]  # still lossless, just slow
+    assert stats.tau < 1.5, stats.tau
+
+
+@pytest.mark.slow
+def test_info_records_the_build(example):
+    info = example.info
+    assert set(info["tau"]) == {"dspark", "dflash"}
+    assert set(info["tau"]["dspark"]) == {"3", "5", "7"}
+    assert info["lossless_greedy"] == {"dspark": True, "dflash": True}
+    for phase in ("tokenizer_s", "target_train_s", "regenerate_s", "dspark_train_s", "dflash_train_s",
+                  "measure_s", "total_s"):
+        assert info["seconds"][phase] > 0
+    assert info["sizes"]["vocab_size"] == 1024 and info["sizes"]["target_parameters"] > 1_000_000

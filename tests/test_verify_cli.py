@@ -1,0 +1,372 @@
+"""dsparkhub.verify.runner and `dsparkhub verify`: a fake backend whose counters we control, the lossless failure
+path (exit 1 with prompt, position and both tokens), engine refusals, the backend factory, and one slow end-to-end
+run with the real reference engine on the embedded example."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from dsparkhub.cli import main
+from dsparkhub.errors import (EngineUnavailableError, LayoutError, LosslessMismatchError, ValidationFailedError,
+                              VerifyError)
+from dsparkhub.hashing import checkpoint_fingerprint
+from dsparkhub.verify import runner
+from dsparkhub.verify.results import VerifyResults
+from dsparkhub.verify.stats import RunStats
+
+PROMPTS = [[3, 4, 5], [7, 1], [2, 2, 2, 2]]
+
+
+class FakeBackend:
+    """Deterministic outputs; counters and wall times chosen per configuration so every number is known.
+
+    Without a drafter a run takes 2.0 s; with n it takes 1.0 s. Each prompt contributes ``drafts`` verify steps;
+    ``accepted[n]`` is the survival count list for one prompt (multiplied by the prompt count).
+    """
+
+    name, version, device = "reference", "fake 1.0", "cpu (fake)"
+
+    def __init__(self, *, mismatch: tuple[int, int, int, int] | None = None, refuse_at: int | None = None,
+                 drafts: int = 2):
+        self.mismatch, self.refuse_at, self.drafts = mismatch, refuse_at, drafts
+        self.accepted = {2: [2, 1], 3: [2, 2, 1]}
+        self.calls: list[tuple[int | None, int]] = []
+        self.closed = False
+
+    @staticmethod
+    def output(prompt, max_new):
+        return [(sum(prompt) * 7 + k) % 97 for k in range(max_new)]
+
+    def run(self, prompts, *, num_speculative_tokens, max_new_tokens, temperature=0.0, seed=0):
+        n = num_speculative_tokens
+        self.calls.append((n, len(prompts)))
+        if n is not None and n == self.refuse_at:
+            raise EngineUnavailableError(f"fake engine refuses num_speculative_tokens={n}")
+        outputs = [self.output(p, max_new_tokens) for p in prompts]
+        if n is None:
+            return RunStats(outputs=outputs, wall_s=2.0)
+        if self.mismatch and self.mismatch[0] == n:
+            _, i, pos, tok = self.mismatch
+            outputs[i][pos] = tok
+        per = self.accepted[n]
+        k = len(prompts)
+        return RunStats(outputs=outputs, wall_s=1.0, num_drafts=self.drafts * k, num_draft_tokens=self.drafts * k * n,
+                        num_accepted_tokens=sum(per) * k, accepted_per_pos=[a * k for a in per])
+
+    def close(self):
+        self.closed = True
+
+
+def make_drafter(path, architectures=("Qwen3DSparkModel",), **extra):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"architectures": list(architectures), "model_type": "qwen3",
+                                                  "block_size": 3, **extra}))
+    (path / "model.safetensors").write_bytes(b"fake weights")
+    return path
+
+
+@pytest.fixture
+def setup(tmp_path):
+    draft = make_drafter(tmp_path / "draft")
+    target = tmp_path / "target"
+    target.mkdir()
+    prompts = tmp_path / "ids.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in PROMPTS))
+    return draft, target, prompts
+
+
+def no_validate(draft, target, n):
+    return None
+
+
+def test_run_verify_numbers(setup, tmp_path):
+    draft, target, prompts = setup
+    fake = FakeBackend()
+    out = tmp_path / "res" / "results.json"
+    res = runner.run_verify(draft, target, backend=fake, num_speculative_tokens=[3, 2], datasets=[f"p={prompts}"],
+                            max_new_tokens=5, out=out, progress=False, validate_fn=no_validate)
+    assert fake.calls == [(None, 3), (2, 3), (3, 3)]  # configuration-outer
+    assert not fake.closed  # a backend object passed in is the caller's to close
+    assert res.method == "dspark" and res.lossless is True
+    assert res.drafter.fingerprint == checkpoint_fingerprint(draft) and res.target.id == str(target)
+    (ds,) = res.datasets
+    assert ds.name == "p" and ds.baseline.output_tokens == 15 and ds.baseline.tokens_per_s == pytest.approx(7.5)
+    r2, r3 = ds.run(2), ds.run(3)
+    assert r2.tau == pytest.approx(1 + 9 / 6) and r3.tau == pytest.approx(1 + 15 / 6)
+    assert r2.per_position_acceptance == pytest.approx([1.0, 0.5])
+    assert r3.per_position_acceptance == pytest.approx([1.0, 1.0, 0.5])
+    assert r3.speedup == pytest.approx(2.0) and r3.draft_tokens_per_step == pytest.approx(3.0)
+    assert res.change.tau_delta == pytest.approx(1.0)
+    assert VerifyResults.load(out) == res
+
+
+def test_lossless_mismatch_raises_after_saving(setup, tmp_path):
+    draft, target, prompts = setup
+    out = tmp_path / "results.json"
+    with pytest.raises(LosslessMismatchError) as ei:
+        runner.run_verify(draft, target, backend=FakeBackend(mismatch=(3, 1, 2, 96)), num_speculative_tokens=[2, 3],
+                          datasets=[str(prompts)], max_new_tokens=5, out=out, progress=False,
+                          validate_fn=no_validate)
+    e = ei.value
+    expected = FakeBackend.output(PROMPTS[1], 5)[2]
+    assert (e.dataset, e.prompt_index, e.position, e.expected, e.found) == ("ids", 1, 2, expected, 96)
+    saved = VerifyResults.load(out)
+    assert saved.lossless is False and saved.datasets[0].run(2).lossless is True
+    assert saved.datasets[0].run(3).first_mismatch.found == 96
+
+
+def test_validation_runs_before_any_backend(setup, monkeypatch):
+    draft, target, prompts = setup
+    built = []
+    monkeypatch.setattr(runner, "make_backend", lambda *a, **k: built.append(1) or FakeBackend())
+
+    def refuse(d, t, n):
+        assert (d, t, n) == (str(draft), str(target), 7)
+        raise ValidationFailedError("fc.weight has the wrong width")
+
+    with pytest.raises(ValidationFailedError, match="wrong width"):
+        runner.run_verify(draft, target, backend="reference", num_speculative_tokens=[3, 7],
+                          datasets=[str(prompts)], progress=False, validate_fn=refuse)
+    assert built == []
+
+
+def test_validate_report_listed(setup, monkeypatch):
+    """_validate turns a report with errors into one error listing every finding (dsparkhub.validate API)."""
+    import dsparkhub.validate as validate_mod
+
+    class F:
+        def __init__(self, code, message, location):
+            self.code, self.message, self.location, self.severity = code, message, location, "error"
+
+    class Report:
+        ok = False
+        errors = [F("fc-width", "fc.weight is [64, 128], expected [64, 192]", "fc.weight"),
+                  F("mask-token", "mask_token_id 900 outside vocab 512", None)]
+
+    seen, report = {}, Report()
+    monkeypatch.setattr(validate_mod, "validate",
+                        lambda d, t, num_speculative_tokens=None: seen.update(n=num_speculative_tokens) or report)
+    draft, target, _ = setup
+    with pytest.raises(ValidationFailedError) as ei:
+        runner._validate(draft, target, 5)
+    msg = str(ei.value)
+    assert seen["n"] == 5 and "2 error(s)" in msg and "[fc-width] fc.weight: fc.weight is [64, 128]" in msg
+    assert "[mask-token] mask_token_id 900" in msg and ei.value.report is report
+
+
+def test_backend_returning_wrong_prompt_count(setup):
+    draft, target, prompts = setup
+
+    class Short(FakeBackend):
+        def run(self, prompts, **kw):
+            s = super().run(prompts, **kw)
+            s.outputs = s.outputs[:-1]
+            return s
+
+    with pytest.raises(VerifyError, match="outputs for 2 prompts, expected 3"):
+        runner.run_verify(draft, target, backend=Short(), num_speculative_tokens=[2], datasets=[str(prompts)],
+                          progress=False, validate_fn=no_validate)
+
+
+def test_progress_hook_used_when_offered(setup):
+    draft, target, prompts = setup
+    ticks = []
+
+    class WithProgress(FakeBackend):
+        def run(self, prompts, *, num_speculative_tokens, max_new_tokens, temperature=0.0, seed=0, progress=None):
+            for _ in prompts:
+                progress(1)
+                ticks.append(num_speculative_tokens)
+            return super().run(prompts, num_speculative_tokens=num_speculative_tokens,
+                               max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+
+    runner.run_verify(draft, target, backend=WithProgress(), num_speculative_tokens=[2], datasets=[str(prompts)],
+                      max_new_tokens=3, progress=False, validate_fn=no_validate)
+    assert ticks == [None, None, None, 2, 2, 2]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_speculative_tokens=[0, 3]), "distinct positive integers"),
+    (dict(num_speculative_tokens=[3, 3]), "distinct positive integers"),
+    (dict(temperature=-1.0), "temperature must be >= 0"),
+    (dict(max_new_tokens=0), "max_new_tokens must be at least 1"),
+    (dict(method="medusa"), "unknown method 'medusa'"),
+])
+def test_bad_arguments(setup, kwargs, message):
+    draft, target, prompts = setup
+    with pytest.raises(ValueError, match=message):
+        runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
+                          validate_fn=no_validate, **kwargs)
+
+
+@pytest.mark.parametrize("name, kwargs, message", [
+    ("sglang", {}, "unknown backend 'sglang'"),
+    ("vllm-serve", {}, "needs --server-url"),
+    ("reference", dict(tensor_parallel_size=2), "--tp 2 needs --backend vllm"),
+    ("reference", dict(server_url="http://x"), "only for --backend vllm-serve"),
+    ("vllm", dict(confidence_threshold=0.5), "no confidence threshold"),
+    ("vllm", dict(device="cuda"), "--device is for the reference engine"),
+    ("vllm", dict(baseline_url="http://x"), "only for --backend vllm-serve"),
+])
+def test_make_backend_refusals(name, kwargs, message):
+    with pytest.raises(EngineUnavailableError, match=message):
+        runner.make_backend(name, target="t", draft="d", method="dspark", **kwargs)
+
+
+def test_make_backend_vllm_is_lazy_and_configured(tmp_path):
+    """The vLLM backends are constructed without starting anything (the child starts on the first run)."""
+    b = runner.make_backend("vllm", target=str(tmp_path), draft=str(tmp_path), method="dspark",
+                            tensor_parallel_size=8, max_model_len=20000,
+                            compilation_config={"pass_config": {"fuse_allreduce_rms": False}})
+    assert b.name == "vllm" and b.method == "dspark"
+    req = b.engine_request(7)
+    assert req["engine_args"]["tensor_parallel_size"] == 8 and req["engine_args"]["max_model_len"] == 20000
+    assert req["engine_args"]["speculative_config"] == {"method": "dspark", "num_speculative_tokens": 7,
+                                                        "model": str(tmp_path)}
+    s = runner.make_backend("vllm-serve", target="t", draft="d", method="dspark", server_url="http://h:1/v1",
+                            baseline_url="http://h:2")
+    assert (s.name, s.base_url, s.baseline_url) == ("vllm-serve", "http://h:1", "http://h:2")
+
+
+def test_detect_method(tmp_path):
+    assert runner.detect_method(make_drafter(tmp_path / "a")) == "dspark"
+    assert runner.detect_method(make_drafter(tmp_path / "b", ("DFlashDraftModel",))) == "dflash"
+    assert runner.detect_method(make_drafter(tmp_path / "c", ("LlamaForCausalLMEagle3",))) == "eagle3"
+    # a DSpark drafter under a folder named like DFlash is still DSpark (never guessed from the path)
+    assert runner.detect_method(make_drafter(tmp_path / "my-dflash", ("Qwen3DSparkModel",))) == "dspark"
+    with pytest.raises(LayoutError):
+        runner.detect_method(make_drafter(tmp_path / "d", ("Qwen3ForCausalLM",)))
+    with pytest.raises(LayoutError):
+        runner.detect_method(tmp_path / "missing")
+
+
+# ---- CLI -----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_fake(monkeypatch):
+    """Route `dsparkhub verify --backend reference` to a FakeBackend and skip the static validation."""
+    holder = {"backend": FakeBackend(), "kwargs": None}
+
+    def factory(name, **kwargs):
+        holder["kwargs"] = dict(kwargs, name=name)
+        return holder["backend"]
+
+    monkeypatch.setattr(runner, "make_backend", factory)
+    monkeypatch.setattr(runner, "_validate", no_validate)
+    return holder
+
+
+def test_cli_verify_ok(setup, tmp_path, cli_fake):
+    draft, target, prompts = setup
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "-n", "3,2",
+                                    "--datasets", f"p={prompts}", "--max-new-tokens", "4", "--out", str(out),
+                                    "--quiet", "--max-model-len", "512",
+                                    "--compilation-config", '{"level": 0}'])
+    assert res.exit_code == 0, res.output
+    assert "2.50 / 2.00x / ok" in res.output and "3.50 / 2.00x / ok" in res.output  # n=2, n=3 for dataset p
+    assert f"wrote {out}" in res.output and cli_fake["backend"].closed
+    assert cli_fake["kwargs"]["max_model_len"] == 512 and cli_fake["kwargs"]["compilation_config"] == {"level": 0}
+    saved = VerifyResults.load(out)
+    assert saved.settings.max_model_len == 512 and saved.settings.compilation_config == {"level": 0}
+
+
+def test_cli_verify_lossless_failure_exit_1(setup, tmp_path, cli_fake):
+    draft, target, prompts = setup
+    cli_fake["backend"] = FakeBackend(mismatch=(2, 2, 3, 55))
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "-n", "2,3",
+                                    "--datasets", str(prompts), "--max-new-tokens", "5", "--out", str(out),
+                                    "--quiet"])
+    assert res.exit_code == 1
+    expected = FakeBackend.output(PROMPTS[2], 5)[3]
+    assert "LosslessMismatchError" in res.output and "prompt 2" in res.output and "position 3" in res.output
+    assert f"expected token {expected}, found 55" in res.output
+    assert "FAIL" in res.output  # the table is printed before the error
+    assert VerifyResults.load(out).lossless is False
+
+
+def test_cli_verify_engine_refusal_exit_1(setup, tmp_path, cli_fake):
+    draft, target, prompts = setup
+    cli_fake["backend"] = FakeBackend(refuse_at=3)
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "-n", "2,3",
+                                    "--datasets", str(prompts), "--out", str(out), "--quiet"])
+    assert res.exit_code == 1 and "refuses num_speculative_tokens=3" in res.output
+    assert not out.exists() and cli_fake["backend"].closed
+
+
+@pytest.mark.parametrize("args", [["-n", "3,x"], ["-n", "3,3"], ["--compilation-config", "[1]"],
+                                  ["--backend", "tensorrt"], ["--temperature", "-1"]])
+def test_cli_verify_usage_errors_exit_2(setup, args):
+    draft, target, _ = setup
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), *args])
+    assert res.exit_code == 2, res.output
+
+
+# ---- end to end -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_end_to_end_reference_engine_and_card(example, tmp_path):
+    """Real reference engine on the embedded example: verify (lossless, τ > 1) then a card from the results."""
+    pytest.importorskip("dsparkhub.verify.reference", reason="helper A's reference engine is not in the tree yet")
+    import torch
+
+    torch.set_num_threads(1)
+    draft = tmp_path / "draft"
+    shutil.copytree(example.dspark_step, draft, symlinks=False,
+                    ignore=shutil.ignore_patterns("training_state*", "*.pt"))
+    out = tmp_path / "results.json"
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(example.target), "-n", "2,4",
+                                    "--datasets", f"heldout={example.prompts},builtin:math", "--max-prompts", "2",
+                                    "--max-new-tokens", "24", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    r = VerifyResults.load(out)
+    assert r.lossless is True and r.engine.backend == "reference" and r.method == "dspark"
+    held = next(d for d in r.datasets if d.name == "heldout")
+    assert all(x.tau is not None and x.tau > 1.0 for x in held.runs)  # a trained drafter accepts something
+    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
+    assert card.exit_code == 0, card.output
+    text = (draft / "README.md").read_text()
+    assert "CPU reference engine" in text and "heldout" in text
+
+
+def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
+    """The real chain on toy checkpoints (lead's factories): validate -> reference engine -> results -> card.
+
+    A random drafter accepts little, but the greedy lossless check, the counters' consistency and the card's
+    refusal-free path are real.
+    """
+    pytest.importorskip("dsparkhub.verify.reference", reason="helper A's reference engine is not in the tree yet")
+    import torch
+
+    from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
+
+    torch.set_num_threads(1)
+    target = make_qwen3_target(tmp_path / "target", dtype=torch.float32)
+    run = make_deepspec_drafter(tmp_path / "run", target, block_size=4)
+    draft = run / "step_100"
+    prompts = tmp_path / "ids.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in [[5, 9, 17, 3], [40, 2]]))
+    out = tmp_path / "results.json"
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "-n", "2,4",
+                                    "--datasets", str(prompts), "--max-new-tokens", "12", "--out", str(out),
+                                    "--quiet"])
+    assert res.exit_code == 0, res.output
+    r = VerifyResults.load(out)
+    assert r.lossless is True and r.engine.backend == "reference" and r.method == "dspark"
+    assert r.target.fingerprint is not None and r.drafter.fingerprint == checkpoint_fingerprint(draft)
+    for run_result in r.datasets[0].runs:
+        n = run_result.num_speculative_tokens
+        assert run_result.num_draft_tokens == n * run_result.num_drafts  # no confidence threshold: full drafts
+        assert run_result.num_accepted_tokens == sum(run_result.accepted_per_pos)
+        assert run_result.output_tokens == r.datasets[0].baseline.output_tokens
+    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
+    assert card.exit_code == 0, card.output
+    assert "CPU reference engine" in (draft / "README.md").read_text()
