@@ -635,7 +635,7 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     else:
         token = "hf_quickstartLocalHubToken00000000"
         with tempfile.TemporaryDirectory(prefix="dsparkhub-localhub-") as hub_root, \
-                LocalHub(hub_root, tokens={token: "dsparkhub-example"}) as hub:
+                LocalHub(hub_root, tokens={token: "dsparkhub-example"}) as hub, hub.client_settings():
             click.echo(f"  local Hub at {hub.url} (pass --repo NS/NAME to plan a push to the real Hub instead)")
             _print_push(push_folder(drafter, "dsparkhub-example/qwen3-tiny-dspark", token=token, endpoint=hub.url,
                                     target=str(ex.target)))

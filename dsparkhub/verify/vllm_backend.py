@@ -401,6 +401,8 @@ class ChildProcess:
         child_env = dict(os.environ)
         child_env.update(env or {})
         child_env.setdefault("PYTHONUNBUFFERED", "1")
+        # The child's temp files (vLLM's, the gloo rendezvous file) live in the work folder close() deletes.
+        child_env["TMPDIR"] = str(self.workdir)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [python or sys.executable, "-m", "dsparkhub.verify.vllm_child", mode],
