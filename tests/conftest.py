@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
+
+# Set before any test module imports huggingface_hub: it reads these into module constants at import time.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_XET"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="dsparkhub-tests-hf-home-"))
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +25,10 @@ def _offline_hf(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
 
 
 @pytest.fixture(scope="session")

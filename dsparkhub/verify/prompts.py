@@ -145,6 +145,7 @@ def fetch_hub_file(spec: str) -> tuple[Path, str]:
         PromptFileError: no network / offline mode and nothing cached, the repo holds no or several JSONL files,
             or the file does not exist (huggingface_hub's own error is chained).
     """
+    import httpx2
     from huggingface_hub import hf_hub_download, list_repo_files
     from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError,
                                         OfflineModeIsEnabled, RepositoryNotFoundError)
@@ -167,8 +168,8 @@ def fetch_hub_file(spec: str) -> tuple[Path, str]:
     except (RepositoryNotFoundError, EntryNotFoundError) as exc:
         raise PromptFileError(f"hub:{repo}:{filename}: not found on the Hub ({type(exc).__name__})",
                               hint="check the dataset repo id and file path (repo_type=dataset)") from exc
-    except HfHubHTTPError as exc:
-        raise PromptFileError(f"cannot fetch hub:{repo}:{filename}: {exc}", hint=offline_hint) from exc
+    except (HfHubHTTPError, httpx2.TransportError) as exc:  # TransportError: no route, DNS, timeouts
+        raise PromptFileError(f"cannot fetch hub:{repo}:{filename or '<jsonl>'}: {exc}", hint=offline_hint) from exc
     return Path(local), filename
 
 
