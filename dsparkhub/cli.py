@@ -480,6 +480,8 @@ def _print_push(report) -> None:
         click.echo(f"note: {note}")
     if report.dry_run:
         click.echo("dry run: nothing was written to the Hub")
+        if plan.parent_commit:
+            click.echo(f"to push exactly this plan: --expect-head {plan.parent_commit}")
     elif report.committed:
         click.echo(f"bytes uploaded: {report.bytes_uploaded} ({_fmt_bytes(report.bytes_uploaded)})")
         click.echo(f"commit: {report.commit_url}")
@@ -497,14 +499,15 @@ def _print_push(report) -> None:
 @click.option("--force", is_flag=True, help="Push despite validation errors (recorded in the commit message).")
 @click.option("--endpoint", help="Hub URL (default HF_ENDPOINT or https://huggingface.co).")
 @click.option("--target", help="Target to validate against (folder or Hub repo id).")
+@click.option("--expect-head", help="Refuse unless the branch head is still this commit (the one --dry-run showed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the push report as JSON.")
 @handle_errors
-def push(draft, repo_id, revision, private, dry_run, force, endpoint, target, as_json) -> None:
+def push(draft, repo_id, revision, private, dry_run, force, endpoint, target, expect_head, as_json) -> None:
     """Push a drafter folder to the Hub as one commit (token from HF_TOKEN or `hf auth login`)."""
     from .hub import push as push_folder
 
     report = push_folder(draft, repo_id, revision=revision, private=private, dry_run=dry_run, force=force,
-                         endpoint=endpoint, target=target)
+                         endpoint=endpoint, target=target, expect_head=expect_head)
     if as_json:
         click.echo(_redact(json.dumps(report.to_dict(), indent=2, default=str)))
     else:

@@ -373,7 +373,7 @@ def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, Repo
 
 def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, private: bool = False,
          dry_run: bool = False, force: bool = False, token: str | None = None, endpoint: str | None = None,
-         target: str | None = None, validate: bool = True) -> PushReport:
+         target: str | None = None, validate: bool = True, expect_head: str | None = None) -> PushReport:
     """Push a drafter folder to a Hub repo as one commit, or show the plan (``dry_run``).
 
     Steps: validate the drafter (refuse on errors unless ``force``); read the remote head and tree; compare every
@@ -394,12 +394,14 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         endpoint: Hub URL (default huggingface_hub's, i.e. ``HF_ENDPOINT`` or https://huggingface.co).
         target: the target to validate against (folder, Hub repo id); None lets ``validate`` check the drafter alone.
         validate: run validation at all (False only for callers that validated just before).
+        expect_head: the remote head commit (full sha or a prefix of 7+ characters) a ``--dry-run`` showed; the
+            push is refused when the branch has moved since, so what was reviewed is what gets pushed.
 
     Returns:
         :class:`PushReport`.
 
     Raises:
-        HubError: invalid repo id; no token (not for dry runs); 401 / 403 / 404 / 412 (remote changed since the
+        HubError: invalid repo id; no token (not for dry runs); ``expect_head`` differs from the remote head; 401 / 403 / 404 / 412 (remote changed since the
             plan) / 5xx / network errors, each with a hint and the huggingface_hub error as ``__cause__``; the
             remote tree after the commit differs from the local files.
         ValidationFailedError: validation found errors and ``force`` is False.
@@ -443,6 +445,10 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         # a new branch starts from main: plan against main's files
         _, main_exists, head_main, remote = _remote_state(api, repo_id, "main", token)
         head = head_main if main_exists else None
+    if expect_head is not None and not (len(expect_head) >= 7 and (head or "").startswith(expect_head)):
+        raise HubError(f"{repo_id}@{revision} has moved since the plan you reviewed: its head is "
+                       f"{(head or 'absent')[:12]}, --expect-head says {expect_head[:12]}",
+                       hint="run --dry-run again, review the new plan, and push with its head")
     plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, _diff(files, hashes, remote))
     report = PushReport(plan, dry_run=dry_run, validation=report_validation, forced=forced)
     if repo_exists and private:

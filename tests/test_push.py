@@ -496,3 +496,20 @@ def test_cli_failures_never_show_the_token(hub, tmp_path, monkeypatch, debug):
     assert res.exit_code == 1 and "401" in res.output and wrong not in res.output
     res = runner.invoke(main, pre + ["push", str(draft), "--repo", "not-a-repo-id", "--endpoint", hub.url])
     assert res.exit_code == 1 and "invalid Hub repo id" in res.output
+
+
+def test_push_refuses_when_the_repo_moved_since_the_reviewed_dry_run(hub, tmp_path):
+    draft = make_drafter(tmp_path / "draft")
+    push(draft, "alice/m", endpoint=hub.url)
+    (draft / "config.json").write_text('{"a": 1}')
+    reviewed = push(draft, "alice/m", endpoint=hub.url, dry_run=True).plan.parent_commit
+    other = make_drafter(tmp_path / "other", seed=7)  # someone else pushes in between
+    push(other, "alice/m", endpoint=hub.url)
+    moved = hub.head("alice/m")
+    assert moved != reviewed
+    hub.clear_requests()
+    with pytest.raises(HubError, match="has moved since the plan you reviewed"):
+        push(draft, "alice/m", endpoint=hub.url, expect_head=reviewed)
+    assert hub.writes == [] and hub.head("alice/m") == moved
+    report = push(draft, "alice/m", endpoint=hub.url, expect_head=moved[:12])
+    assert report.committed and report.plan.parent_commit == moved
