@@ -19,7 +19,6 @@ Does not: touch the network (manifests are checked-in data) or load any weights.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
@@ -36,11 +35,9 @@ RELEASE_REQUIRED = ("name", "title", "publisher", "target", "layout", "variant",
 
 def manifests_dir() -> Path:
     """Folder of manifests: ``$DSPARKHUB_MANIFESTS_DIR``, the copy shipped in the wheel, or the repo's."""
-    env = os.environ.get("DSPARKHUB_MANIFESTS_DIR")
-    if env:
-        return Path(env)
-    packaged = Path(__file__).parent / "_data" / "manifests"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "manifests"
+    from .recipes import data_dir
+
+    return data_dir("manifests")
 
 
 @dataclass(frozen=True)

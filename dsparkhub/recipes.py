@@ -54,19 +54,22 @@ from .spec import ANCHOR_FIRST, ONE_PLUS_N, DraftSpec
 #: libyaml's safe loader when PyYAML was built with it (~70x faster than the pure-Python one; same result)
 SAFE_YAML = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-CANONICAL_FIELDS = ("block_size", "mask_token_id", "target_layer_ids", "num_target_layers", "markov_rank",
-                    "markov_head_type", "confidence_head", "confidence_head_with_markov", "draft_vocab_size",
-                    "target_hidden_size")
 _MISSING = object()
+
+
+def data_dir(kind: str) -> Path:
+    """A top-level data folder (``converters`` or ``manifests``): ``$DSPARKHUB_<KIND>_DIR``, the copy shipped in
+    the wheel (``dsparkhub/_data/<kind>``), or the repository's own folder."""
+    env = os.environ.get(f"DSPARKHUB_{kind.upper()}_DIR")
+    if env:
+        return Path(env)
+    packaged = Path(__file__).parent / "_data" / kind
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / kind
 
 
 def converters_dir() -> Path:
     """Folder of recipe files: ``$DSPARKHUB_CONVERTERS_DIR``, the copy shipped in the wheel, or the repo's."""
-    env = os.environ.get("DSPARKHUB_CONVERTERS_DIR")
-    if env:
-        return Path(env)
-    packaged = Path(__file__).parent / "_data" / "converters"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "converters"
+    return data_dir("converters")
 
 
 def get_key(config: dict, dotted: str, default=_MISSING):
