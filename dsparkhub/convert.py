@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-import re
 from pathlib import Path
 
 from . import __version__
