@@ -162,18 +162,24 @@ def _check_facts(data: dict, path: Path) -> None:
             raise ManifestError(f"`facts.{key}` describes a field the manifest does not have", path=path)
 
 
-def _load_target(data: dict, path: Path) -> TargetManifest:
-    missing = [k for k in TARGET_REQUIRED if k not in data]
+def _check_keys(data: dict, path: Path, kind: str, required: tuple[str, ...], cls) -> set[str]:
+    """Refuse missing required keys, malformed facts and unknown keys; returns the dataclass's field names."""
+    missing = [k for k in required if k not in data]
     if missing:
-        raise ManifestError(f"target manifest lacks {', '.join(missing)}", path=path)
+        raise ManifestError(f"{kind} manifest lacks {', '.join(missing)}", path=path)
+    _check_facts(data, path)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known - {"kind"})
+    if unknown:
+        raise ManifestError(f"unknown {kind} manifest keys {unknown}", path=path)
+    return known
+
+
+def _load_target(data: dict, path: Path) -> TargetManifest:
+    known = _check_keys(data, path, "target", TARGET_REQUIRED, TargetManifest)
     for k in ("hidden_size", "num_hidden_layers", "vocab_size"):
         if type(data[k]) is not int or data[k] <= 0:
             raise ManifestError(f"`{k}` must be a positive integer, found {data[k]!r}", path=path)
-    _check_facts(data, path)
-    known = {f.name for f in fields(TargetManifest)}
-    unknown = sorted(set(data) - known - {"kind"})
-    if unknown:
-        raise ManifestError(f"unknown target manifest keys {unknown}", path=path)
     embed = _tensor_ref(data["embed"], "embed", path)
     head = _tensor_ref(data["lm_head"], "lm_head", path)
     for ref, what in ((embed, "embed"), (head, "lm_head")):
@@ -190,14 +196,7 @@ def _load_target(data: dict, path: Path) -> TargetManifest:
 
 
 def _load_release(data: dict, path: Path) -> ReleaseManifest:
-    missing = [k for k in RELEASE_REQUIRED if k not in data]
-    if missing:
-        raise ManifestError(f"release manifest lacks {', '.join(missing)}", path=path)
-    _check_facts(data, path)
-    known = {f.name for f in fields(ReleaseManifest)}
-    unknown = sorted(set(data) - known - {"kind"})
-    if unknown:
-        raise ManifestError(f"unknown release manifest keys {unknown}", path=path)
+    known = _check_keys(data, path, "release", RELEASE_REQUIRED, ReleaseManifest)
     if not isinstance(data["published"], list) or not all(isinstance(r, dict) and "metric" in r and "value" in r
                                                           and "source" in r for r in data["published"]):
         raise ManifestError("`published` must be a list of {metric, value, source, ...} rows", path=path)
