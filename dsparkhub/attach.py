@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .checkpoint import INDEX_NAME, Checkpoint, open_checkpoint, parse_header_bytes
+from .checkpoint import INDEX_NAME, open_checkpoint, parse_header_bytes
 from .errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
 from .hashing import sha256_file
-from .recipes import OpenedDraft, get_key, get_recipe, open_draft
+from .recipes import OpenedDraft, get_recipe, open_draft
 from .target import target_from_checkpoint
 from .writer import SourceBytes, atomic_output, write_json, write_safetensors
 
@@ -402,17 +402,3 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
         else:
             write_json(tmp / "config.json", drafter["config"])
     return DetachResult(Path(out), sorted(files) + ["config.json"], True, drafter["layout"], bytes_read)
-
-
-def attached_summary(ck: Checkpoint) -> dict:
-    """Counts of an attached checkpoint: target tensors, ``mtp.*`` tensors per stage, drafter bytes."""
-    stages: dict[int, int] = {}
-    nbytes = 0
-    for name, info in ck.tensors.items():
-        if name.startswith("mtp."):
-            i = int(name.split(".")[1])
-            stages[i] = stages.get(i, 0) + 1
-            nbytes += info.nbytes
-    return {"target_tensors": len(ck.tensors) - sum(stages.values()), "stages": dict(sorted(stages.items())),
-            "drafter_bytes": nbytes, "dspark_keys": {k: v for k, v in ck.config.items() if k.startswith("dspark_")},
-            "num_nextn_predict_layers": get_key(ck.config, "num_nextn_predict_layers", None)}

@@ -143,29 +143,6 @@ class _Collector:
         self.items.append(Finding(code, ALL_CODES[code][0], message, location, str(expected), str(found), hint))
 
 
-def expected_tensor_shapes(spec: DraftSpec) -> tuple[dict[str, tuple[int, ...] | None], set[str]]:
-    """The tensors a drafter of ``spec``'s family must ship, with shapes, and the names it may ship.
-
-    The table is data, one file per backbone family in ``converters/families/`` (Qwen3: vLLM 0.32
-    ``qwen3_dflash.py`` / ``qwen3_dspark.py`` and DeepSpec ``Qwen3DSparkModel``; Gemma4, Kimi K3 MLA, DeepSeek-V4
-    stages and EAGLE-3 likewise), see :mod:`dsparkhub.families`. Shapes in FORMATS.md symbols: q ``[nh*hd, H]``,
-    k/v ``[nkv*hd, H]``, o ``[H, nh*hd]``, norms ``[H]`` / ``[hd]``, MLP ``[I, H]`` / ``[H, I]``, ``fc``
-    ``[H, A*Ht]``, Markov ``[V, r]`` / ``[Vd, r]``, confidence ``[1, H(+r)]`` (+ ``[1]``), embed ``[V, H]``,
-    lm_head ``[Vd, H]``, d2t ``[Vd]``.
-
-    Returns:
-        ``(name -> shape or None when any shape is accepted, optional names)``; optional ones are checked for
-        shape when present.
-
-    Raises:
-        LayoutError: no table exists for the drafter's family / variant.
-    """
-    from .families import expected_tensors
-
-    expected, _ = expected_tensors(spec)
-    return {e.name: e.shape for e in expected}, {e.name for e in expected if e.optional}
-
-
 def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
     spec, cfg = d.spec, d.checkpoint.config
     cfg_file = str(Path(d.checkpoint.path) / "config.json")

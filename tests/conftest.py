@@ -40,3 +40,15 @@ def example():
     from dsparkhub.example import build_example
 
     return build_example()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny Qwen3 target and a DeepSpec DSpark step folder for it, built once per test module:
+    ``(target folder, step folder)``."""
+    from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
+
+    root = tmp_path_factory.mktemp("models")
+    target = make_qwen3_target(root / "target")
+    run = make_deepspec_drafter(root / "run", target)
+    return target, run / "step_100"

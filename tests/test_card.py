@@ -107,13 +107,18 @@ def allowed_numbers(files: list[Path], options: list[str]) -> set[str]:
     return allowed
 
 
+def make_gpu_results(draft: Path, path: Path) -> Path:
+    """Results as `verify --backend vllm` writes them with the seeds' serving settings (TP 8, max_model_len 20000)."""
+    return make_results(draft, path, backend="vllm", version="vllm 0.32.0", device="NVIDIA H200 x8",
+                        settings=Settings(temperature=0.0, max_new_tokens=7, seed=13, num_speculative_tokens=[3, 7],
+                                          tensor_parallel_size=8, max_model_len=20000,
+                                          compilation_config={"pass_config": {"fuse_allreduce_rms": False}}))
+
+
 def test_every_number_in_the_card_comes_from_a_file(tmp_path):
     draft = make_drafter(tmp_path / "d", provenance=PROVENANCE)
     r1 = make_results(draft, tmp_path / "ref.json")
-    r2 = make_results(draft, tmp_path / "gpu.json", backend="vllm", version="vllm 0.32.0", device="NVIDIA H200 x8",
-                      settings=Settings(temperature=0.0, max_new_tokens=7, seed=13, num_speculative_tokens=[3, 7],
-                                        tensor_parallel_size=8, max_model_len=20000,
-                                        compilation_config={"pass_config": {"fuse_allreduce_rms": False}}))
+    r2 = make_gpu_results(draft, tmp_path / "gpu.json")
     out = write_card(draft, [r1, r2], repo_id="org/qwen3-8b-dspark", license="apache-2.0")
     text = out.readme.read_text()
     allowed = allowed_numbers([r1, r2, draft / "config.json", draft / "dsparkhub_provenance.json"],
@@ -174,10 +179,7 @@ def test_card_content_reference_only(tmp_path):
 def test_card_with_gpu_results_and_provenance(tmp_path):
     draft = make_drafter(tmp_path / "d", provenance=PROVENANCE)
     ref = make_results(draft, tmp_path / "ref.json")
-    gpu = make_results(draft, tmp_path / "gpu.json", backend="vllm", version="vllm 0.32.0", device="NVIDIA H200 x8",
-                       settings=Settings(temperature=0.0, max_new_tokens=7, seed=13, num_speculative_tokens=[3, 7],
-                                         tensor_parallel_size=8, max_model_len=20000,
-                                         compilation_config={"pass_config": {"fuse_allreduce_rms": False}}))
+    gpu = make_gpu_results(draft, tmp_path / "gpu.json")
     out = write_card(draft, [ref, gpu])
     text = out.readme.read_text()
     meta = front_matter(text)

@@ -20,19 +20,12 @@ from dsparkhub.checkpoint import INDEX_NAME, open_checkpoint
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError, UnsafeCheckpointError
 from dsparkhub.recipes import open_draft
-from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target, make_v4_target
+from dsparkhub.testing.factories import make_deepspec_drafter, make_v4_target
 from dsparkhub.testing.fuzz import time_limit
 from dsparkhub.validate import validate
 
 torch.set_num_threads(1)
 
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("paths")
-    target = make_qwen3_target(root / "target")
-    run = make_deepspec_drafter(root / "run", target)
-    return target, run / "step_100"
 
 
 def _with_index(src: Path, dest: Path, shard_name: str) -> Path:

@@ -18,17 +18,9 @@ from dsparkhub.checkpoint import open_checkpoint, pickle_as_safetensors
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError, UnsafeCheckpointError
 from dsparkhub.recipes import open_draft
-from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
 
 torch.set_num_threads(1)
 
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pickle")
-    target = make_qwen3_target(root / "target")
-    run = make_deepspec_drafter(root / "run", target)
-    return target, run / "step_100"
 
 
 def _as_pickle(step: Path, dest: Path, name: str = "pytorch_model.bin", wrap: str | None = None) -> Path:
