@@ -24,11 +24,16 @@ def sha256_file(path: str | Path) -> str:
         FileNotFoundError: the file does not exist.
     """
     h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
+    views = [memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))]
+    with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(max_workers=1) as reader:
+        # double buffering: the next chunk is read (disk, or a page-cache copy) while this one is hashed; both
+        # release the GIL, so a cold file costs max(read, sha256) instead of their sum
+        pending = reader.submit(f.readinto, views[0])
+        i = 0
+        while n := pending.result():
+            pending = reader.submit(f.readinto, views[1 - i])
+            h.update(views[i][:n])
+            i = 1 - i
     return h.hexdigest()
 
 

@@ -1,8 +1,8 @@
 """Sharded, streamed, atomic checkpoint writing.
 
-Owns: the output folder's life cycle (a temporary folder next to OUT, renamed into place only when complete; an
-existing OUT refused unless overwrite; a concurrent writer of the same OUT fails cleanly) and writing tensors into
-size-capped safetensors shards plus ``model.safetensors.index.json``.
+Owns: the output folder's life cycle (a temporary folder next to OUT, flushed to disk and renamed into place only
+when complete; an existing OUT refused unless overwrite; a concurrent writer of the same OUT fails cleanly) and
+writing tensors into size-capped safetensors shards plus ``model.safetensors.index.json``.
 
 Memory and speed: a plain copy is described by :class:`SourceBytes` and streamed file to file with
 ``os.copy_file_range`` (the kernel copies, as ``cp`` does), so converting a multi-GB drafter holds no tensor in memory
@@ -13,13 +13,11 @@ because ``safetensors.torch.save_file`` needs every tensor of a shard in memory 
 
 from __future__ import annotations
 
-import hashlib
 import errno
 import json
 import os
 import shutil
 import struct
-import threading
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +80,7 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
                               "partial temporary folder is removed): free some space or write OUT on another disk",
                               str(out)) from None
             raise
+        _fsync_tree(tmp)
         kill_point(f"before moving {tmp.name} into place")
         old = None
         if out.exists():
@@ -98,6 +97,7 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
                 os.rename(old, out)
             raise OutputExistsError(f"could not move the finished output into place: {exc.strerror}",
                                     path=out) from None
+        _fsync_dir(out.parent)
         kill_point(f"moved {tmp.name} to {out.name}")
         if old is not None:
             if old.is_symlink() or not old.is_dir():  # rmtree refuses links (and files): unlink, never follow
@@ -107,6 +107,36 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file written under ``folder`` and the folders themselves, so that the rename into place never
+    publishes a folder whose data a power cut could still lose. Hard links (``st_nlink > 1``: an attached target's
+    own shards) and symlinks are not ours to flush. Shards are normally flushed already by
+    :func:`write_shards`; flushing a clean file costs nothing."""
+    for root, _, names in os.walk(folder):
+        for name in names:
+            p = Path(root) / name
+            st = p.lstat()
+            if not p.is_symlink() and st.st_nlink == 1:
+                _fsync_file(p)
+        _fsync_dir(Path(root))
 
 
 def write_json(path: str | Path, data: dict, *, indent: int | None = 2) -> None:
@@ -200,32 +230,7 @@ def _tensor_bytes(tensor):
     return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
-def _hash_payloads(hasher, head: bytes, entries: list, stop: threading.Event) -> None:
-    """Feed ``hasher`` the bytes of the file being written (header, then each tensor from its source), on another
-    thread while the kernel copies: the output's sha256 without reading the output back. A short source stops
-    quietly (the copy reports it)."""
-    hasher.update(head)
-    buf = bytearray(8 << 20)  # one buffer reused: a fresh 8 MiB object per read costs 2048 page faults
-    view = memoryview(buf)
-    for _, _, _, nbytes, data in entries:
-        if stop.is_set():
-            return
-        if isinstance(data, SourceBytes):
-            with open(data.path, "rb", buffering=0) as f:
-                pos, left = data.start, data.nbytes
-                while left and not stop.is_set():
-                    n = os.preadv(f.fileno(), [view[:min(left, len(buf))]], pos)
-                    if not n:
-                        return
-                    hasher.update(view[:n])
-                    pos += n
-                    left -= n
-        elif nbytes:
-            hasher.update(_tensor_bytes(data))
-
-
-def write_safetensors(path: Path, payloads: list[tuple[str, object]], metadata: dict[str, str], *,
-                      hasher=None) -> None:
+def write_safetensors(path: Path, payloads: list[tuple[str, object]], metadata: dict[str, str]) -> None:
     """Write one safetensors file from ``(name, torch.Tensor | SourceBytes)`` pairs.
 
     Format (safetensors spec): 8-byte little-endian header length, JSON header padded with spaces to a multiple of
@@ -236,8 +241,6 @@ def write_safetensors(path: Path, payloads: list[tuple[str, object]], metadata: 
         path: the file to create (truncated if it exists).
         payloads: tensors in output order.
         metadata: ``__metadata__`` (strings only).
-        hasher: a ``hashlib`` object fed every byte written, on a second thread while the kernel copies (the
-            file's sha256 at no extra wall time on two cores, without reading the output back).
 
     Raises:
         CheckpointFormatError: a source is cut short, or a tensor's dtype has no safetensors code.
@@ -254,9 +257,6 @@ def write_safetensors(path: Path, payloads: list[tuple[str, object]], metadata: 
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     head = struct.pack("<Q", len(raw)) + raw
-    stop = threading.Event()
-    pool = ThreadPoolExecutor(max_workers=1) if hasher is not None else None
-    hashing = pool.submit(_hash_payloads, hasher, head, entries, stop) if pool is not None else None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_all(fd, head)
@@ -267,20 +267,12 @@ def write_safetensors(path: Path, payloads: list[tuple[str, object]], metadata: 
             elif nbytes:
                 _write_all(fd, _tensor_bytes(data))
             kill_point(f"wrote tensor {name} to {path.name}")
-    except BaseException:
-        stop.set()
-        raise
     finally:
         os.close(fd)
-        if pool is not None:
-            pool.shutdown(wait=True)
-    if hashing is not None:
-        hashing.result()
 
 
 def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], object]]], *,
-                 max_shard_bytes: int | None = None, metadata: dict[str, str] | None = None,
-                 sha256: dict[str, str] | None = None) -> list[str]:
+                 max_shard_bytes: int | None = None, metadata: dict[str, str] | None = None) -> list[str]:
     """Write tensors into ``model.safetensors`` or ``model-XXXXX-of-YYYYY.safetensors`` + index.
 
     Args:
@@ -290,8 +282,6 @@ def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], obje
             called only when its shard is about to be written.
         max_shard_bytes: shard size cap; default = the largest tensor + 256 MiB.
         metadata: safetensors ``__metadata__`` (``{"format": "pt"}`` is always set).
-        sha256: when given, filled with ``{shard file name: hex sha256}`` computed while writing, on a second
-            thread from the same sources (the output is not read back).
 
     Returns:
         Shard file names written.
@@ -316,12 +306,14 @@ def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], obje
     names = (["model.safetensors"] if len(groups) == 1 else
              [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
     weight_map: dict[str, str] = {}
-    for fname, group in zip(names, groups):
-        h = hashlib.sha256() if sha256 is not None else None
-        write_safetensors(folder / fname, [(name, load()) for name, _, load in group], meta, hasher=h)
-        if h is not None:
-            sha256[fname] = h.hexdigest()
-        weight_map.update({name: fname for name, _, _ in group})
+    with ThreadPoolExecutor(max_workers=1) as flusher:  # shard k goes to disk while shard k + 1 is copied
+        flushed = []
+        for fname, group in zip(names, groups):
+            write_safetensors(folder / fname, [(name, load()) for name, _, load in group], meta)
+            weight_map.update({name: fname for name, _, _ in group})
+            flushed.append(flusher.submit(_fsync_file, folder / fname))
+        for f in flushed:
+            f.result()
     if len(names) > 1:
         write_json(folder / "model.safetensors.index.json",
                    {"metadata": {"total_size": sum(n for _, n, _ in items)}, "weight_map": weight_map})

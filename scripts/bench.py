@@ -544,9 +544,10 @@ def bench_convert(work: Path, size: str) -> None:
         best_cv = cv if best_cv is None or cv.wall < best_cv.wall else best_cv
         best_cv.maxrss = max(best_cv.maxrss, cv.maxrss)
     ratio = (nbytes / best_cv.wall) / (nbytes / best_cp.wall)
-    # convert's CPU work is two sha256 passes (source files for provenance, on a second thread; output shards while
-    # they are written) plus the copy; on a machine busy with other jobs its wall clock measures them, so the
-    # figure that stands in for wall is its CPU seconds spread over its 2 threads plus its own fsync wait.
+    # convert's CPU work is one sha256 pass over the source files (for provenance, on a second thread) plus the
+    # kernel's copy; on a machine busy with other jobs its wall clock measures them, so the
+    # figure that stands in for wall is its CPU seconds spread over its 2 threads plus the fsync wait after it exits
+    # (0 for convert, which flushes its shards itself before renaming OUT into place; cp's is measured after it).
     idle = best_cv.cpu / min(2, os.cpu_count() or 1) + best_cv.sync
     report("convert", f"convert throughput {fmt_b(nbytes / best_cv.wall)}/s ({best_cv.wall:.2f} s, wrote "
            f"{fmt_b(out_bytes)}) = {ratio:.2f}x cp; CPU {best_cv.cpu:.2f} s on 2 threads + fsync "
