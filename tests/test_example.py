@@ -189,11 +189,7 @@ def test_trained_dflash_drafts_and_is_lossless(example, trained):
 
 @pytest.mark.slow
 def test_drafter_without_context_features_collapses_tau(example, trained):
-    """Zero ``fc`` (the drafter no longer sees the target's hidden states): τ near 1, still lossless.
-
-    Note: shifting ``target_layer_ids`` by one does NOT collapse τ on this 4-layer target (adjacent residual-stream
-    states are nearly collinear there; measured τ 2.57 -> 2.57), so the example cannot catch that bug by τ alone.
-    """
+    """Zero ``fc`` (the drafter no longer sees the target's hidden states): τ near 1, still lossless."""
     from dsparkhub.verify.reference import ReferenceEngine
 
     target, prompts, base = trained
@@ -203,6 +199,45 @@ def test_drafter_without_context_features_collapses_tau(example, trained):
     stats = ReferenceEngine(target, drafter).run(prompts[:8], num_speculative_tokens=7, max_new_tokens=MAX_NEW)
     assert stats.outputs == base.outputs[:8]  # still lossless, just slow
     assert stats.tau < 1.35, stats.tau
+
+
+@pytest.mark.slow
+def test_layer_ids_shifted_by_one(example, trained, tmp_path):
+    """The numbering mix-up (layer index vs hidden-state index), both ways, on the trained DSpark drafter.
+
+    +1 ([0, 1, 2] -> [1, 2, 3]): `verify` refuses before loading a model (DSH304, the last layer's HF state is
+    normed) and exits 1. -1 ([-1, 0, 1], the embedding output first): nothing in the checkpoint is wrong, and τ barely
+    moves, because adjacent residual-stream states carry the same token information (this target: cosine 0.95
+    between layers 1..3; a drafter trained on the embedding output alone reaches τ 2.68). So τ cannot reveal this
+    mix-up; the id checks at conversion (DSH304 / DSH308 / DSH309) are what catch it. Upstream saw the same size of
+    effect: sglang PR #25454 (an extra +1 on EAGLE-3 aux ids cost ~0.10 accept length on Kimi-K2.5).
+    """
+    from click.testing import CliRunner
+
+    from dsparkhub.cli import main
+    from dsparkhub.verify.reference import ReferenceEngine
+
+    target, prompts, base = trained
+    ids = json.loads((example.dspark_step / "config.json").read_text())["target_layer_ids"]
+    assert ids == [0, 1, 2]
+    for shift in (1, -1):
+        step = tmp_path / f"shift{shift:+d}"
+        shutil.copytree(example.dspark_step, step)
+        cfg = json.loads((step / "config.json").read_text())
+        cfg["target_layer_ids"] = [i + shift for i in ids]
+        (step / "config.json").write_text(json.dumps(cfg))
+        if shift == 1:
+            res = CliRunner().invoke(main, ["verify", str(step), "--target", str(example.target), "--backend",
+                                            "reference", "-n", "7", "--max-new-tokens", "8",
+                                            "--out", str(tmp_path / "r.json")])
+            assert res.exit_code == 1, res.output
+            assert "DSH304" in res.output and "target_layer_ids" in res.output
+            assert not (tmp_path / "r.json").exists()
+        else:
+            stats = ReferenceEngine(target, load_drafter(step, target)).run(
+                prompts[:8], num_speculative_tokens=7, max_new_tokens=MAX_NEW)
+            assert stats.outputs == base.outputs[:8]
+            assert stats.tau > example.info["tau"]["dspark"]["7"] - 0.4, stats.tau
 
 
 @pytest.mark.slow
