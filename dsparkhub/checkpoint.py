@@ -449,7 +449,8 @@ class Checkpoint:
             return f.get_tensor(name)
 
 
-def _pickle_weight_files(folder: Path) -> list[str]:
+def pickle_weight_files(folder: Path) -> list[str]:
+    """Names of the pickle weights files in ``folder`` (``.bin`` / ``.pt`` / ... ; training state excluded), sorted."""
     return sorted(p.name for p in folder.iterdir()
                   if p.is_file() and p.suffix in PICKLE_SUFFIXES and not p.name.startswith(TRAINING_STATE_PREFIXES))
 
@@ -495,7 +496,7 @@ def pickle_as_safetensors(folder: str | Path) -> Path:
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    names = _pickle_weight_files(folder)
+    names = pickle_weight_files(folder)
     if not names:
         raise CheckpointNotFoundError("no pickle weights (.bin / .pt / .pth) to convert", path=folder)
     tensors: dict = {}
@@ -530,7 +531,7 @@ def resolve_pickle(path: str | Path) -> Path:
     """
     folder = resolve_step_dir(path)
     if folder.is_dir() and not any(p.suffix == ".safetensors" for p in folder.iterdir()) \
-            and _pickle_weight_files(folder):
+            and pickle_weight_files(folder):
         return pickle_as_safetensors(folder)
     return Path(path)
 
@@ -592,7 +593,7 @@ def open_checkpoint(path: str | Path, *, require_config: bool = True, lazy: bool
         weight_map = None
         files = sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file())
     if not files:
-        pickles = _pickle_weight_files(path)
+        pickles = pickle_weight_files(path)
         if pickles and allow_pickle:
             return open_checkpoint(pickle_as_safetensors(path), require_config=require_config, lazy=lazy)
         if pickles:

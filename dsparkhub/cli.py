@@ -207,7 +207,7 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
     from .convert import convert as run_convert, plan_conversion
 
-    src = _pickle_source(src, allow_pickle)
+    named, src = src, _pickle_source(src, allow_pickle)
 
     if attach_to:
         _attach(src, attach_to, out, layout=layout, link=link or "auto", overwrite=overwrite, force=force,
@@ -224,7 +224,8 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
         _print_plan(plan)
         click.echo("dry run: nothing written")
         return
-    result = run_convert(src, out, target, overwrite=overwrite, max_shard_bytes=max_shard_size, plan=plan)
+    result = run_convert(src, out, target, overwrite=overwrite, max_shard_bytes=max_shard_size, plan=plan,
+                         pickle_origin=named if src != named else None)
     if as_json:
         echo_json({"out": str(result.out), "files": result.files, "provenance": result.provenance})
         return

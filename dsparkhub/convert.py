@@ -25,6 +25,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
+from .checkpoint import pickle_weight_files, resolve_step_dir
 from .hashing import sha256_file, sha256_files
 from .recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
                       resolve_output_recipe, write_config)
@@ -269,9 +270,15 @@ def _source_files(d: OpenedDraft) -> list[Path]:
     return [p for p in files if p.exists()]
 
 
+def _pickle_origin_files(folder: Path) -> list[Path]:
+
+    return [p for p in [folder / "config.json", *(folder / n for n in pickle_weight_files(folder))] if p.exists()]
+
+
 def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
             layout: str | None = None, overwrite: bool = False, force: bool = False, keep_embeddings: bool = False,
-            max_shard_bytes: int | None = None, plan: ConversionPlan | None = None) -> ConversionResult:
+            max_shard_bytes: int | None = None, plan: ConversionPlan | None = None,
+            pickle_origin: str | Path | None = None) -> ConversionResult:
     """Convert ``src`` into ``out`` (see the module docstring for the rules).
 
     Args:
@@ -281,6 +288,9 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
             place).
         max_shard_bytes: output shard cap (default: the largest tensor + 256 MiB).
         plan: a plan already made by :func:`plan_conversion` (skips planning).
+        pickle_origin: the folder the user named when ``src`` is the temporary safetensors copy of its pickle
+            weights (``--allow-pickle``, :func:`dsparkhub.checkpoint.pickle_as_safetensors`): provenance then
+            records that folder and the sha256 of its own pickle files, not the temporary copy.
 
     Returns:
         :class:`ConversionResult`.
@@ -296,7 +306,8 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     d = plan.draft
     # the source files are hashed (for provenance) on a second core while the tensors are copied
     hasher = ThreadPoolExecutor(max_workers=1)
-    src_future = hasher.submit(sha256_files, _source_files(d))
+    origin = resolve_step_dir(pickle_origin) if pickle_origin is not None else None
+    src_future = hasher.submit(sha256_files, _source_files(d) if origin is None else _pickle_origin_files(origin))
     readers: dict[str, object] = {}
 
     def loader(info):
@@ -330,8 +341,9 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         provenance = {
             "tool": "dsparkhub", "version": __version__, "command": "convert",
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "source": {"path": str(Path(d.checkpoint.path).resolve()), "layout": d.recipe.name,
-                       "files": {Path(p).name: h for p, h in src_hashes.items()}},
+            "source": {"path": str((origin or Path(d.checkpoint.path)).resolve()), "layout": d.recipe.name,
+                       "files": {Path(p).name: h for p, h in src_hashes.items()},
+                       **({"read_with": "torch.load(weights_only=True)"} if origin else {})},
             "target": None if plan.target is None else {
                 "source": plan.target.source,
                 "path": str(Path(plan.target.source).resolve()) if plan.target.local else None,

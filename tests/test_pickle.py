@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import json
 import pickle
 import shutil
 from pathlib import Path
@@ -91,6 +92,10 @@ def test_allow_pickle_inspect_and_convert_match_the_safetensors_source(models, t
         assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
     assert (out_p / "config.json").read_text() == (out_s / "config.json").read_text()
     assert _hashes(folder) == before, "the pickle source folder was modified"
+    source = json.loads((out_p / "dsparkhub_provenance.json").read_text())["source"]
+    assert source["path"] == str(folder.resolve())  # the folder the user named, not the temporary copy
+    assert source["files"] == {name: before[name] for name in ("config.json", "pytorch_model.bin")}
+    assert source["read_with"] == "torch.load(weights_only=True)"
 
 
 def test_allow_pickle_refuses_a_pickle_that_runs_code(models, tmp_path):
