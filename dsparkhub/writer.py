@@ -14,9 +14,11 @@ because ``safetensors.torch.save_file`` needs every tensor of a shard in memory 
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
 import shutil
+import socket
 import struct
 import uuid
 from collections.abc import Callable, Iterable
@@ -57,9 +59,10 @@ def kill_point(label: str) -> None:
 def atomic_output(out: str | Path, *, overwrite: bool = False):
     """Yield a temporary folder that becomes ``out`` only if the block finishes without an exception.
 
-    The temporary folder ``.<name>.tmp-<random>`` lies next to ``out`` (same filesystem, so the final rename is
-    atomic). On any exception it is removed and ``out`` is untouched. With ``overwrite``, an existing ``out`` is
-    moved aside, replaced, then deleted.
+    The temporary folder ``.<name>.tmp-<host>-<pid>-<random>`` lies next to ``out`` (same filesystem, so the final
+    rename is atomic). On any exception it is removed and ``out`` is untouched. With ``overwrite``, an existing
+    ``out`` is moved aside, replaced, then deleted. A run killed outright (SIGKILL, power cut) cannot clean up; the
+    next run for the same ``out`` on the same host removes the temporary folders whose process no longer exists.
 
     Raises:
         OutputExistsError: ``out`` exists and ``overwrite`` is False (checked before and after the work), or another
@@ -69,7 +72,8 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
     if out.exists() and not overwrite:
         raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
+    _remove_dead_temps(out)
+    tmp = out.parent / f".{out.name}.tmp-{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     try:
         try:
@@ -107,6 +111,26 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _host_tag() -> str:
+    return "".join(c for c in socket.gethostname() if c.isalnum())[:32] or "host"
+
+
+def _remove_dead_temps(out: Path) -> None:
+    """Remove ``.<out>.tmp-<this host>-<pid>-*`` folders left by killed runs (their pid no longer exists).
+    Folders of live processes, of other hosts (a shared filesystem) or named otherwise are left alone."""
+    prefix = f".{out.name}.tmp-{_host_tag()}-"
+    for p in out.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = p.name[len(prefix):].partition("-")[0]
+        if not pid.isdigit() or p.is_symlink() or not p.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except PermissionError:  # alive, owned by someone else
+            pass
 
 
 def _fsync_dir(path: Path) -> None:

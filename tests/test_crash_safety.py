@@ -124,6 +124,7 @@ def _kill_everywhere(models, tmp: Path, make_args, *, validate_out: bool, label:
             again = cli(*make_args(out))
             assert again.returncode == 0, again.stderr
             assert _state_of(out, reference) == "complete"
+            assert not list(tmp.glob(f".{out.name}.tmp-*")), "the killed run's temporary folder was not cleaned"
             outcomes["re-run completed"] += 1
         if state == "complete" and validate_out:
             assert validate(out, str(models["target"])).ok
@@ -194,6 +195,26 @@ def test_two_writers_of_one_out_one_wins_in_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_only_dead_runs_temporary_folders_are_removed(tmp_path):
+    from dsparkhub.writer import _host_tag
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = _host_tag()
+    mine = tmp_path / f".out.tmp-{host}-{os.getpid()}-aaaa"  # a live process (this one)
+    killed = tmp_path / f".out.tmp-{host}-{dead.pid}-bbbb"
+    elsewhere = tmp_path / f".out.tmp-otherhost{host}-{dead.pid}-cccc"  # another host on a shared filesystem
+    other_out = tmp_path / f".out2.tmp-{host}-{dead.pid}-dddd"
+    for p in (mine, killed, elsewhere, other_out):
+        p.mkdir()
+        (p / "model.safetensors").write_bytes(b"partial")
+    with atomic_output(tmp_path / "out") as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert not killed.exists()
+    assert mine.exists() and elsewhere.exists() and other_out.exists()
+    assert (tmp_path / "out" / "config.json").exists()
+
+
 def test_two_concurrent_converts_to_one_out(models, tmp_path):
     args = ["convert", str(models["run"]), "--target", str(models["target"]), "--max-shard-size", SHARD]
     ref = tmp_path / "ref"
