@@ -39,7 +39,7 @@ from .errors import (CheckpointFormatError, ConversionRefusedError, LayoutError,
 from .hashing import sha256_file
 from .recipes import OpenedDraft, get_recipe, open_draft
 from .target import target_from_checkpoint
-from .writer import SourceBytes, atomic_output, write_json, write_safetensors
+from .writer import SourceBytes, atomic_output, background_flush, write_json, write_safetensors
 
 ATTACH_RECORD = "dsparkhub_attach.json"
 DRAFT_SHARD = "model-dspark-{k:05d}-of-{n:05d}.safetensors"
@@ -258,7 +258,7 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
     linked: dict[str, str] = {}
     written = 0
     keys = dspark_config_keys(spec, model_type)
-    with atomic_output(out, overwrite=overwrite) as tmp:
+    with atomic_output(out, overwrite=overwrite) as tmp, background_flush() as flush:
         for src in _target_files(target_dir):
             rel = src.relative_to(target_dir).as_posix()
             if rel in ("config.json", INDEX_NAME, ATTACH_RECORD):
@@ -273,6 +273,7 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
                                                        info.dtype, info.shape)))
                 written += info.nbytes
             write_safetensors(tmp / fname, payloads, {"format": "pt", "dsparkhub": "attached drafter"})
+            flush(tmp / fname)  # on disk while the index and configs are written
         weight_map = dict(tck.index["weight_map"]) if tck.index else {n: i.file for n, i in tck.tensors.items()}
         for fname, group in zip(names, groups):
             weight_map.update({n: fname for n, _ in group})

@@ -149,11 +149,22 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def background_flush():
+    """Yield ``flush(path)``, which fsyncs ``path`` on a background thread while the caller writes the next file;
+    leaving the block waits for every flush (and raises the first error)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = []
+        yield lambda path: pending.append(pool.submit(_fsync_file, Path(path)))
+        for f in pending:
+            f.result()
+
+
 def _fsync_tree(folder: Path) -> None:
     """Flush every file written under ``folder`` and the folders themselves, so that the rename into place never
     publishes a folder whose data a power cut could still lose. Hard links (``st_nlink > 1``: an attached target's
     own shards) and symlinks are not ours to flush. Shards are normally flushed already by
-    :func:`write_shards`; flushing a clean file costs nothing."""
+    :func:`background_flush`; flushing a clean file costs nothing."""
     for root, _, names in os.walk(folder):
         for name in names:
             p = Path(root) / name
@@ -330,14 +341,11 @@ def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], obje
     names = (["model.safetensors"] if len(groups) == 1 else
              [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
     weight_map: dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=1) as flusher:  # shard k goes to disk while shard k + 1 is copied
-        flushed = []
+    with background_flush() as flush:  # shard k goes to disk while shard k + 1 is copied
         for fname, group in zip(names, groups):
             write_safetensors(folder / fname, [(name, load()) for name, _, load in group], meta)
             weight_map.update({name: fname for name, _, _ in group})
-            flushed.append(flusher.submit(_fsync_file, folder / fname))
-        for f in flushed:
-            f.result()
+            flush(folder / fname)
     if len(names) > 1:
         write_json(folder / "model.safetensors.index.json",
                    {"metadata": {"total_size": sum(n for _, n, _ in items)}, "weight_map": weight_map})
