@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
 from .checkpoint import pickle_weight_files, resolve_step_dir
+from .errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
 from .hashing import sha256_file, sha256_files
 from .recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
                       resolve_output_recipe, write_config)
@@ -271,7 +271,7 @@ def _source_files(d: OpenedDraft) -> list[Path]:
 
 
 def _pickle_origin_files(folder: Path) -> list[Path]:
-
+    """What provenance hashes for an ``--allow-pickle`` source: its ``config.json`` and its pickle weights."""
     return [p for p in [folder / "config.json", *(folder / n for n in pickle_weight_files(folder))] if p.exists()]
 
 

@@ -194,7 +194,6 @@ def test_two_writers_of_one_out_one_wins_in_process(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "the loser left its temporary folder behind"
 
 
-@pytest.mark.slow
 def test_only_dead_runs_temporary_folders_are_removed(tmp_path):
     from dsparkhub.writer import _host_tag
 
@@ -215,6 +214,7 @@ def test_only_dead_runs_temporary_folders_are_removed(tmp_path):
     assert (tmp_path / "out" / "config.json").exists()
 
 
+@pytest.mark.slow
 def test_two_concurrent_converts_to_one_out(models, tmp_path):
     args = ["convert", str(models["run"]), "--target", str(models["target"]), "--max-shard-size", SHARD]
     ref = tmp_path / "ref"

@@ -4,8 +4,8 @@ through a temporary safetensors copy, and never runs code a hostile pickle asks 
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import pickle
 import shutil
 from pathlib import Path
