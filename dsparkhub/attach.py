@@ -39,7 +39,7 @@ from .errors import (CheckpointFormatError, ConversionRefusedError, LayoutError,
 from .hashing import sha256_file
 from .recipes import OpenedDraft, get_recipe, open_draft
 from .target import target_from_checkpoint
-from .writer import SourceBytes, atomic_output, background_flush, write_json, write_safetensors
+from .writer import SourceBytes, atomic_output, background_flush, refuse_overlap, write_json, write_safetensors
 
 ATTACH_RECORD = "dsparkhub_attach.json"
 DRAFT_SHARD = "model-dspark-{k:05d}-of-{n:05d}.safetensors"
@@ -178,6 +178,7 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
     target_dir = Path(target_dir)
     out = Path(out)
     d = open_draft(draft, layout=layout)
+    refuse_overlap(out, {"drafter": draft, "drafter step": d.checkpoint.path, "target": target_dir})
     spec = d.spec
     # lazy: a 160 GB target's shard headers are parsed only where needed (embedding / LM head); names come from
     # its index
@@ -341,11 +342,13 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
     Raises:
         CheckpointFormatError: the attach record names tensors the checkpoint lacks.
         LayoutError: no ``mtp.*`` tensors and no record.
-        OutputExistsError / CheckpointNotFoundError: see the reader and writer.
+        OutputExistsError: ``out`` exists (without ``overwrite``), or is, holds or lies in ``attached``.
+        CheckpointNotFoundError: see the reader.
     """
     from safetensors import safe_open
 
     attached = Path(attached)
+    refuse_overlap(out, {"attached checkpoint": attached})
     ck = open_checkpoint(attached)
     record_path = attached / ATTACH_RECORD
     bytes_read = 0

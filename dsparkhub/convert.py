@@ -31,7 +31,7 @@ from .recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can
                       resolve_output_recipe, write_config)
 from .target import TargetSpec, open_target
 from .validate import ValidationReport, validate
-from .writer import SourceBytes, atomic_output, write_json, write_shards
+from .writer import SourceBytes, atomic_output, refuse_overlap, write_json, write_shards
 
 PROVENANCE_NAME = "dsparkhub_provenance.json"
 SHARED_WITH_TARGET = {"embed_tokens.weight": "embed", "lm_head.weight": "lm_head"}
@@ -296,7 +296,8 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         :class:`ConversionResult`.
 
     Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is False (checked before any work).
+        OutputExistsError: ``out`` exists and ``overwrite`` is False (checked before any work), or ``out`` is, holds
+            or lies in the source or target folder (:func:`dsparkhub.writer.refuse_overlap`).
         everything :func:`plan_conversion` raises.
     """
     out = Path(out)
@@ -304,6 +305,8 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
     plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings)
     d = plan.draft
+    refuse_overlap(out, {"drafter": src, "drafter step": d.checkpoint.path, "pickle source": pickle_origin,
+                         "target": plan.target.source if plan.target is not None and plan.target.local else None})
     # the source files are hashed (for provenance) on a second core while the tensors are copied
     hasher = ThreadPoolExecutor(max_workers=1)
     origin = resolve_step_dir(pickle_origin) if pickle_origin is not None else None

@@ -113,6 +113,36 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def refuse_overlap(out: str | Path, reads: dict[str, str | Path | None]) -> None:
+    """Refuse an OUT that is, contains or lies inside a folder the run reads (the drafter, the target): with
+    ``--overwrite`` the old OUT is deleted, and a write inside a source folder modifies it. Paths are compared
+    after resolving symlinks; ``None`` entries (a Hub target) are skipped.
+
+    Args:
+        out: the output folder.
+        reads: ``{what it is: folder}``, e.g. ``{"drafter": src, "target": target_dir}``.
+
+    Raises:
+        OutputExistsError: naming both paths and how they overlap.
+    """
+    o = Path(os.path.realpath(out))
+    for label, folder in reads.items():
+        if folder is None:
+            continue
+        q = Path(os.path.realpath(folder))
+        if o == q:
+            how = "is"
+        elif o in q.parents:
+            how = "contains"
+        elif q in o.parents:
+            how = "lies inside"
+        else:
+            continue
+        raise OutputExistsError(f"OUT {out} {how} the {label} folder {folder}; writing there would delete or change "
+                                f"the {label} (sources are never modified)", path=out,
+                                hint="choose an OUT outside the folders this command reads")
+
+
 def _host_tag() -> str:
     return "".join(c for c in socket.gethostname() if c.isalnum())[:32] or "host"
 

@@ -192,3 +192,33 @@ def test_attach_the_embedded_example_drafter_and_detach_it(example, tmp_path):
     step = (example.deepspec_run / "step_latest").resolve()
     for f in ["config.json"] + sorted(p.name for p in step.glob("*.safetensors")):
         assert sha256_file(tmp_path / "det" / f) == sha256_file(step / f)
+
+
+def _tree_hashes(folder):
+    return {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_never_lands_on_a_folder_the_command_reads(tmp_path, setup):
+    """OUT that is, holds or lies in the drafter, its step, the target or the attached checkpoint: exit 1, nothing
+    touched (with --overwrite the old OUT would otherwise be deleted)."""
+    qt, run, v4 = setup
+    runner = CliRunner()
+    assert runner.invoke(main, ["convert", str(run), "--attach", str(v4), "--out", str(tmp_path / "att")]).exit_code == 0
+    before = {f: _tree_hashes(f) for f in (qt, run, v4, tmp_path / "att")}
+    step = str(run / "step_latest")
+    cases = [
+        ["convert", step, "--target", str(qt), "--out", step],  # OUT is the step
+        ["convert", str(run), "--target", str(qt), "--out", str(run)],  # OUT is the run
+        ["convert", step, "--target", str(qt), "--out", str(run)],  # OUT holds the step
+        ["convert", str(run), "--target", str(qt), "--out", str(run / "converted")],  # OUT inside the source
+        ["convert", str(run), "--target", str(qt), "--out", str(qt)],  # OUT is the target
+        ["convert", str(run), "--target", str(qt), "--out", str(tmp_path)],  # OUT holds everything
+        ["convert", str(run), "--attach", str(v4), "--out", str(v4)],  # attach in place
+        ["detach", str(tmp_path / "att"), "--out", str(tmp_path / "att")],
+    ]
+    for args in cases:
+        res = runner.invoke(main, [*args, "--overwrite"])
+        assert res.exit_code == 1, (args, res.output)
+        assert "OutputExistsError" in res.output and "choose an OUT outside" in res.output, (args, res.output)
+    assert {f: _tree_hashes(f) for f in before} == before
+    assert not (run / "converted").exists()
