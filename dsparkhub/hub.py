@@ -45,6 +45,7 @@ from .checkpoint import INDEX_NAME, Checkpoint, TensorInfo, parse_header_bytes
 from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
+    ConversionRefusedError,
     DsparkhubError,
     HubError,
     ValidationFailedError,
@@ -56,6 +57,7 @@ PROVENANCE_FILE = "dsparkhub_provenance.json"
 #: remote files a push never deletes even when the local folder lacks them (the Hub creates it with the repo).
 NEVER_DELETE = frozenset({".gitattributes"})
 #: local path components that are never pushed (caches, VCS, editor and OS litter).
+TRAINING_LAYOUTS = ("deepspec",)  # written by training, read by dsparkhub, not loaded by vLLM
 SKIP_PARTS = frozenset({".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints", ".DS_Store"})
 #: Hub repo ids: ``namespace/name``, each part 1-96 of [A-Za-z0-9._-], not starting with ``.`` / ``-``, no ``--``
 #: or ``..`` (huggingface_hub ``validate_repo_id`` rules).
@@ -190,10 +192,13 @@ def git_blob_sha1(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def local_files(draft_dir: str | Path) -> dict[str, Path]:
+def local_files(draft_dir: str | Path, left_out: list[str] | None = None) -> dict[str, Path]:
     """The files a push would upload: every regular file under ``draft_dir``, by POSIX path relative to it.
 
-    Skipped: :data:`SKIP_PARTS` anywhere in the path, ``*.tmp`` / ``*.lock`` / ``*.partial`` leftovers.
+    Skipped silently: :data:`SKIP_PARTS` anywhere in the path, ``*.tmp`` / ``*.lock`` / ``*.partial`` leftovers.
+    Left out and listed in ``left_out`` (``"path (why)"``): dotfiles and dot-folders (``.env`` ...; ``.gitattributes``
+    excepted), pickle files (``.bin`` / ``.pt`` / ``.pth`` / ``.pkl`` / ``.ckpt``: a release ships safetensors, and a
+    pickle runs code when loaded) and training state (``training_state*``, ``optimizer*``, ...).
 
     Raises:
         CheckpointNotFoundError: ``draft_dir`` is not a folder.
@@ -210,12 +215,29 @@ def local_files(draft_dir: str | Path) -> dict[str, Path]:
             continue
         if not path.is_file():
             continue
+        why = _left_out_reason(rel)
+        if why:
+            if left_out is not None:
+                left_out.append(f"{rel.as_posix()} ({why})")
+            continue
         real = path.resolve()
         if real_root not in real.parents:
             raise DsparkhubError(f"{rel.as_posix()} is a link that resolves outside the folder (to {real})",
                                  path=root, hint="copy the file into the folder instead of linking it")
         out[rel.as_posix()] = path
     return out
+
+
+def _left_out_reason(rel: Path) -> str | None:
+    from .checkpoint import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
+
+    if any(part.startswith(".") for part in rel.parts) and rel.as_posix() != ".gitattributes":
+        return "dotfile: may hold local settings or secrets"
+    if rel.name.startswith(TRAINING_STATE_PREFIXES):
+        return "training state"
+    if rel.suffix in PICKLE_SUFFIXES:
+        return "pickle file: a release ships safetensors"
+    return None
 
 
 def _redactor(token: str | None):
@@ -405,13 +427,16 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             plan) / 5xx / network errors, each with a hint and the huggingface_hub error as ``__cause__``; the
             remote tree after the commit differs from the local files.
         ValidationFailedError: validation found errors and ``force`` is False.
+        ConversionRefusedError: the folder is in a training layout vLLM does not load (DeepSpec) and ``force`` is
+            False.
         CheckpointNotFoundError: ``draft_dir`` is not a folder.
         CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object.
     """
     draft_dir = Path(draft_dir)
     check_repo_id(repo_id)
     revision = revision or "main"
-    files = local_files(draft_dir)
+    left_out: list[str] = []
+    files = local_files(draft_dir, left_out)
     if not files:
         raise CheckpointNotFoundError("the drafter folder is empty: nothing to push", path=draft_dir)
     token = token or get_token()
@@ -436,6 +461,13 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
                     hint="fix the drafter (see `dsparkhub validate`), or pass --force to push anyway "
                          "(recorded in the commit message)")
             forced = True
+        if getattr(validation, "layout", None) in TRAINING_LAYOUTS:
+            if not force:
+                raise ConversionRefusedError(
+                    f"{draft_dir} is in the {validation.layout!r} training layout, which vLLM does not load",
+                    path=draft_dir, hint="convert it first (`dsparkhub convert DRAFT --target TARGET --out OUT`) and "
+                                         "push OUT, or pass --force to publish the training layout as is")
+            forced = True
     provenance = _read_provenance(draft_dir)
     hashes = sha256_files(list(files.values()))
 
@@ -451,6 +483,8 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
                        hint="run --dry-run again, review the new plan, and push with its head")
     plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, _diff(files, hashes, remote))
     report = PushReport(plan, dry_run=dry_run, validation=report_validation, forced=forced)
+    if left_out:
+        report.notes.append("left out: " + ", ".join(left_out))
     if repo_exists and private:
         report.notes.append("the repo exists: --private does not change its visibility")
     if dry_run:

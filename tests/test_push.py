@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 import dsparkhub.hub as hub_mod
 from dsparkhub.cli import main
-from dsparkhub.errors import CheckpointNotFoundError, HubError, ValidationFailedError
+from dsparkhub.errors import CheckpointNotFoundError, ConversionRefusedError, HubError, ValidationFailedError
 from dsparkhub.hub import check_repo_id, push, remote_checkpoint, remote_checkpoint_headers
 from dsparkhub.testing import LocalHub
 
@@ -367,9 +367,28 @@ def test_local_files_skip_caches(tmp_path):
     (draft / "__pycache__" / "a.pyc").write_bytes(b"\0")
     (draft / "sub").mkdir()
     (draft / "sub" / "plot.png").write_bytes(b"\x89PNG")
-    assert sorted(hub_mod.local_files(draft)) == sorted(
+    for name in (".env", "training_state.rank0.pt", "pytorch_model.bin", "optimizer.safetensors"):
+        (draft / name).write_bytes(b"x")
+    (draft / ".secrets").mkdir()
+    (draft / ".secrets" / "token.txt").write_text("hf_x")
+    left_out: list[str] = []
+    assert sorted(hub_mod.local_files(draft, left_out)) == sorted(
         ["README.md", "config.json", "dsparkhub_provenance.json", "model-00001-of-00002.safetensors",
          "model-00002-of-00002.safetensors", "model.safetensors.index.json", "sub/plot.png"])
+    assert sorted(x.split(" ")[0] for x in left_out) == [".env", ".secrets/token.txt", "optimizer.safetensors",
+                                                          "pytorch_model.bin", "training_state.rank0.pt"]
+
+
+def test_a_deepspec_training_folder_is_not_pushed_without_force(local_hub, tmp_path):
+    from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
+
+    target = make_qwen3_target(tmp_path / "target")
+    run = make_deepspec_drafter(tmp_path / "run", target)
+    step = run / "step_latest"
+    with pytest.raises(ConversionRefusedError, match="training layout"):
+        push(step, "alice/train", endpoint=local_hub.url, target=str(target))
+    report = push(step, "alice/train", endpoint=local_hub.url, target=str(target), force=True, dry_run=True)
+    assert report.forced and not any("training_state" in f.path for f in report.plan.files)
 
 
 def test_real_convert_validate_and_push_against_a_hub_target(local_hub, tmp_path):
