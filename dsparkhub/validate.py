@@ -60,7 +60,7 @@ LAYOUT_CODES: dict[str, tuple[str, str]] = {
     "DSH112": (ERROR, "the drafter's stages do not hold the same parameters"),
     "DSH113": (WARNING, "a speculators DSpark / DFlash config without sample_from_anchor (vLLM reads 1+N, speculators "
                         "trains anchor-first by default)"),
-    "DSH308": (WARNING, "hidden-state index 0 (the embedding output) among the ids: a layer index written unshifted?"),
+    "DSH308": (WARNING, "the embedding output (layer id -1 / hidden-state index 0) among the ids: a numbering mix-up?"),
     "DSH309": (WARNING, "target layer ids are the target's usual ids shifted by one (a numbering mix-up)"),
     "DSH310": (WARNING, "the drafter names another target (speculators verifier) than the one it is checked against"),
 }
@@ -288,6 +288,14 @@ def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:
                 found=[i + 1 for i in spec.target_layer_ids],
                 hint=f"if the ids were copied from a layer-index config, add 1 to each: "
                      f"{[i + 2 for i in spec.target_layer_ids]}")
+    elif -1 in spec.target_layer_ids:
+        keys = d.recipe.read_keys("target_layer_ids")
+        out.add("DSH308", "layer id -1 (the embedding output) is among the target layer ids: hidden-state indices "
+                "converted to layer indices twice? (a one-layer shift keeps τ almost unchanged, so verify will not "
+                "show it)", location=f"{cfg_file} key {keys[0] if keys else '?'}", found=spec.target_layer_ids,
+                hint=f"if the drafter was trained on layer outputs, the ids are "
+                     f"{[i + 1 for i in spec.target_layer_ids]}; DeepSpec allows -1 only for a drafter trained on "
+                     "the embedding output")
 
 
 def _check_stage_names(spec: DraftSpec, out: _Collector) -> None:

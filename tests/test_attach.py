@@ -203,7 +203,8 @@ def test_overwrite_never_lands_on_a_folder_the_command_reads(tmp_path, setup):
     touched (with --overwrite the old OUT would otherwise be deleted)."""
     qt, run, v4 = setup
     runner = CliRunner()
-    assert runner.invoke(main, ["convert", str(run), "--attach", str(v4), "--out", str(tmp_path / "att")]).exit_code == 0
+    res = runner.invoke(main, ["convert", str(run), "--attach", str(v4), "--out", str(tmp_path / "att")])
+    assert res.exit_code == 0, res.output
     before = {f: _tree_hashes(f) for f in (qt, run, v4, tmp_path / "att")}
     step = str(run / "step_latest")
     cases = [

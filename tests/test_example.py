@@ -206,7 +206,7 @@ def test_layer_ids_shifted_by_one(example, trained, tmp_path):
     """The numbering mix-up (layer index vs hidden-state index), both ways, on the trained DSpark drafter.
 
     +1 ([0, 1, 2] -> [1, 2, 3]): `verify` refuses before loading a model (DSH304, the last layer's HF state is
-    normed) and exits 1. -1 ([-1, 0, 1], the embedding output first): nothing in the checkpoint is wrong, and τ barely
+    normed) and exits 1. -1 ([-1, 0, 1], the embedding output first): validate warns (DSH308), and τ barely
     moves, because adjacent residual-stream states carry the same token information (this target: cosine 0.95
     between layers 1..3; a drafter trained on the embedding output alone reaches τ 2.68). So τ cannot reveal this
     mix-up; the id checks at conversion (DSH304 / DSH308 / DSH309) are what catch it. Upstream saw the same size of
@@ -234,6 +234,9 @@ def test_layer_ids_shifted_by_one(example, trained, tmp_path):
             assert "DSH304" in res.output and "target_layer_ids" in res.output
             assert not (tmp_path / "r.json").exists()
         else:
+            from dsparkhub.validate import validate
+
+            assert "DSH308" in [f.code for f in validate(step, str(example.target)).warnings]
             stats = ReferenceEngine(target, load_drafter(step, target)).run(
                 prompts[:8], num_speculative_tokens=7, max_new_tokens=MAX_NEW)
             assert stats.outputs == base.outputs[:8]

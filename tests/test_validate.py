@@ -167,6 +167,15 @@ def test_each_finding_fires(code, tmp_path, target):
         assert not report.ok
 
 
+def test_embedding_output_among_layer_index_ids_is_flagged(tmp_path, target):
+    """Layer id -1 in a layer-index layout (DeepSpec): the ids [0, 1, 2] shifted down by one, which τ cannot show."""
+    report = validate(_drafter(tmp_path, target, target_layer_ids=(-1, 0, 1)), target)
+    finding = next(f for f in report.findings if f.code == "DSH308")
+    assert finding.severity == "warning" and report.ok
+    assert "target_layer_ids" in finding.location and "[0, 1, 2]" in finding.hint
+    assert "DSH308" not in validate(_drafter(tmp_path, target, name="ok"), target).codes
+
+
 def test_fc_width_message_names_the_layer_count(tmp_path, target):
     draft, tgt, _ = _case_204(tmp_path, target)
     finding = next(f for f in validate(draft, tgt).findings if f.code == "DSH204")
