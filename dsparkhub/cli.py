@@ -426,7 +426,7 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
                          method=method, device=device, tensor_parallel_size=tp, max_model_len=max_model_len,
                          compilation_config=compilation_config, confidence_threshold=confidence_threshold,
                          server_url=server_url, baseline_url=baseline_url, out=out, progress=not quiet,
-                         raise_on_mismatch=False)
+                         raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
     click.echo(f"{results.method} drafter {draft} on {results.engine.backend} ({results.engine.version}, "
                f"{results.engine.device}); batch 1, temperature {temperature}, max {max_new_tokens} new tokens")
     click.echo(format_summary_table(results))

@@ -153,3 +153,12 @@ def test_hub_target_tokenizer_offline_error(tmp_path):
     assert "prompt_token_ids" in str(ei.value)
     # a served model name (no owner/) has no tokenizer here: text prompts are refused, token ids work
     assert load_tokenizer("my-served-model") is None
+
+
+def test_a_file_that_is_not_utf8_names_the_line(tmp_path):
+    from dsparkhub.verify.prompts import PromptFileError, read_jsonl
+
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n\xff\xfe{"prompt": "x"}\n')
+    with pytest.raises(PromptFileError, match="line 2: not UTF-8"):
+        read_jsonl(path)

@@ -79,7 +79,7 @@ def setup(tmp_path):
     return draft, target, prompts
 
 
-def no_validate(draft, target, n):
+def no_validate(draft, target, n, warn=None):
     return None
 
 
@@ -215,6 +215,48 @@ def test_bad_arguments(setup, kwargs, message):
 def test_make_backend_refusals(name, kwargs, message):
     with pytest.raises(EngineUnavailableError, match=message):
         runner.make_backend(name, target="t", draft="d", method="dspark", **kwargs)
+
+
+@pytest.mark.parametrize("device, message", [("bogus", "is not a torch device"), ("mps", "runs on cpu or cuda")])
+def test_reference_device_is_checked_before_loading(device, message):
+    with pytest.raises(EngineUnavailableError, match=message):
+        runner.make_backend("reference", target="t", draft="d", method="dspark", device=device)
+
+
+def test_method_contradicting_the_drafter_is_refused(setup):
+    draft, target, prompts = setup
+    with pytest.raises(ValueError, match="describes a dspark drafter"):
+        runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
+                          validate_fn=no_validate, method="dflash")
+    res = runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
+                            validate_fn=no_validate, method="dspark", num_speculative_tokens=[2])
+    assert res.method == "dspark"
+
+
+def test_results_path_is_checked_before_running(setup, tmp_path):
+    draft, target, prompts = setup
+    backend = FakeBackend()
+    with pytest.raises(ValueError, match="is a folder"):
+        runner.run_verify(draft, target, backend=backend, datasets=[str(prompts)], progress=False,
+                          validate_fn=no_validate, out=tmp_path)
+    assert backend.calls == []
+
+
+def test_method_of_a_run_folder_follows_step_latest(tmp_path):
+    run = tmp_path / "run"
+    make_drafter(run / "step_5")
+    (run / "step_latest").symlink_to("step_5")
+    assert runner.detect_method(run) == "dspark"
+
+
+def test_validation_warnings_are_passed_on(tmp_path):
+    from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
+
+    target = make_qwen3_target(tmp_path / "target")
+    run = make_deepspec_drafter(tmp_path / "run", target)
+    lines: list[str] = []
+    runner._validate(run, target, 100, lines.append)
+    assert any("DSH401" in line for line in lines), lines
 
 
 def test_make_backend_vllm_is_lazy_and_configured(tmp_path):

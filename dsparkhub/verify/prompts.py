@@ -85,16 +85,21 @@ def read_jsonl(path: str | Path, *, source: str | None = None) -> list[PromptRec
         raise PromptFileError(f"prompt file {shown} does not exist", path=None,
                               hint="pass an existing JSONL file, NAME=PATH, builtin[:math|code|chat] or hub:owner/name")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PromptFileError(f"{shown} line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})",
-                                      hint="one JSON object per line") from None
-            records.append(_record(obj, shown, lineno))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise PromptFileError(f"{shown} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                              f"{exc.start})", hint="save the file as UTF-8 JSONL") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"{shown} line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})",
+                                  hint="one JSON object per line") from None
+        records.append(_record(obj, shown, lineno))
     if not records:
         raise PromptFileError(f"{shown} holds no prompts", hint="one JSON object per line")
     return records

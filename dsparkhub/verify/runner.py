@@ -46,9 +46,11 @@ def detect_method(draft: str | Path) -> str:
         LayoutError: no readable ``config.json``, or nothing in it names a method.
         CheckpointFormatError: the method found is not one a results file records (e.g. EAGLE-1).
     """
+    from ..checkpoint import resolve_step_dir
     from .vllm_backend import method_for_drafter  # stdlib-only module: vLLM itself is imported by its child
 
-    method = method_for_drafter(draft)
+    # a DeepSpec run folder: its step_latest (as every reader follows it)
+    method = method_for_drafter(resolve_step_dir(draft) if Path(draft).is_dir() else draft)
     if method not in METHODS:
         raise CheckpointFormatError(f"the drafter's method is {method!r}; dsparkhub verify records "
                                     f"{', '.join(METHODS)}", path=draft, hint="pass --method to override")
@@ -77,6 +79,7 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
             chosen backend does not take.
     """
     if name == "reference":
+        _check_torch_device(device)
         if server_url or baseline_url:
             raise EngineUnavailableError("--server-url / --baseline-url are only for --backend vllm-serve")
         if tensor_parallel_size != 1:
@@ -110,11 +113,33 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
     raise EngineUnavailableError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
 
 
-def _validate(draft: str | Path, target: str | Path | None, n: int) -> None:
-    """Static checks before any model is loaded (``dsparkhub.validate``); raise with every error listed."""
+def _check_torch_device(device: str | None) -> None:
+    """A device the reference engine can use, checked before anything loads."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise EngineUnavailableError(f"--device {device!r} is not a torch device ({str(exc).splitlines()[0]})",
+                                     hint="use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EngineUnavailableError(f"--device {device}: this torch ({torch.__version__}) has no usable CUDA device",
+                                     hint="drop --device to run on the CPU, or install a CUDA build of torch")
+    if dev.type not in ("cpu", "cuda"):
+        raise EngineUnavailableError(f"--device {device}: the reference engine runs on cpu or cuda",
+                                     hint="use cpu, cuda or cuda:N")
+
+
+def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callable[[str], None] | None = None):
+    """Static checks before any model is loaded (``dsparkhub.validate``); raise with every error listed, pass
+    each warning (e.g. DSH401: n larger than a trained block) to ``warn``."""
     from ..validate import validate
 
     report = validate(draft, target, num_speculative_tokens=n)
+    for f in report.warnings if warn is not None else []:
+        warn(f"warning [{f.code}] {f.message}")
     if not report.ok:
         lines = "\n".join(f"  - [{f.code}] {f.location}: {f.message}" if getattr(f, "location", None)
                           else f"  - [{f.code}] {f.message}" for f in report.errors)
@@ -150,7 +175,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
                server_url: str | None = None, baseline_url: str | None = None, out: str | Path | None = None,
                progress: bool = True,
                check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
-               validate_fn: Callable | None = None) -> VerifyResults:
+               validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None) -> VerifyResults:
     """Verify a drafter against its target and return (and optionally save) the results.
 
     Args:
@@ -163,7 +188,8 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         temperature: 0 = greedy (lossless check on); > 0 samples and skips the lossless check.
         seed: sampling seed.
         max_prompts: cap per dataset.
-        method: ``dspark`` | ``dflash`` | ``eagle3``; detected from the drafter's config.json when None.
+        method: ``dspark`` | ``dflash`` | ``eagle3``; detected from the drafter's config.json when None (a value
+            that contradicts the config is refused).
         device, tensor_parallel_size, max_model_len, compilation_config, confidence_threshold, server_url,
         baseline_url:
             engine settings (see :func:`make_backend`), recorded in the results.
@@ -173,6 +199,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         raise_on_mismatch: raise :class:`LosslessMismatchError` after saving when a run is not lossless.
         tokenizer: tokenizer to use instead of the target folder's.
         validate_fn: replacement for the validation step ``(draft, target, n) -> None`` (tests).
+        warn: called with one line per validation warning (the CLI prints them on stderr).
 
     Returns:
         The :class:`VerifyResults` (also written to ``out``).
@@ -193,13 +220,29 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     if max_new_tokens < 1:
         raise _ArgError(f"max_new_tokens must be at least 1, found {max_new_tokens}")
     draft, target = str(draft), str(target)
-    method = method or detect_method(draft)
-    if method not in METHODS:
+    if method is not None and method not in METHODS:
         raise _ArgError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    try:
+        detected = detect_method(draft)
+    except DsparkhubError:
+        if method is None or Path(draft).is_dir():  # a folder must name its method; a served name need not
+            raise
+        detected = None
+    if method is not None and detected is not None and method != detected:
+        raise _ArgError(f"--method {method} but the drafter's config.json describes a {detected} drafter; the "
+                        f"results would be labelled {method} while the engine drafts as {detected}",
+                        hint="drop --method (it is read from the drafter), or fix the drafter's config")
+    method = method or detected
+    if out is not None and (Path(out).is_dir() or (Path(out).parent.exists() and not Path(out).parent.is_dir())):
+        raise _ArgError(f"--out {out} is a folder (or lies under a file); the results file needs a file path",
+                        hint=f"e.g. --out {Path(out) / 'results.json'}")
     if check:
         # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
         served_name = backend == "vllm-serve" and not Path(target).is_dir()
-        (validate_fn or _validate)(draft, None if served_name else target, max(ns))
+        if validate_fn is not None:
+            validate_fn(draft, None if served_name else target, max(ns))
+        else:
+            _validate(draft, None if served_name else target, max(ns), warn)
 
     from .prompts import load_datasets
 
@@ -242,4 +285,4 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
 
 
 class _ArgError(DsparkhubError, ValueError):
-    """A verify argument is out of range (n values, temperature, max_new_tokens, method)."""
+    """A verify argument is out of range (n values, temperature, max_new_tokens, method, results path)."""
