@@ -44,6 +44,10 @@ def handle_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:
+            # the reader of our stdout left (`dsparkhub inspect X | head`): stop quietly, as the Python docs advise
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         except (DsparkhubError, OSError) as exc:
             ctx = click.get_current_context(silent=True)
             if _debug_enabled(ctx):
@@ -106,6 +110,29 @@ def _print_spec(summary: dict, files: list[str]) -> None:
         click.echo(f"  {k:<{width}}  {v}")
     for note in s.get("notes") or []:
         click.echo(f"  note: {note}")
+
+
+class _ByteSize(click.ParamType):
+    """A positive byte count: ``123456``, ``500MB``, ``4GiB`` (decimal kB/MB/GB/TB, binary KiB/MiB/GiB/TiB)."""
+
+    name = "size"
+    UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            n = value
+        else:
+            text = str(value).strip().replace("_", "")
+            num = text.rstrip("BbIiKkMmGgTt")
+            unit = text[len(num):].upper()
+            try:
+                n = int(float(num) * self.UNITS[unit])
+            except (ValueError, KeyError):
+                self.fail(f"{value!r} is not a size (e.g. 1000000, 500MB, 4GiB)", param, ctx)
+        if n < 1:
+            self.fail(f"{value!r}: a shard cap must be at least 1 byte", param, ctx)
+        return n
 
 
 _ALLOW_PICKLE_HELP = ("When the only weights are .bin / .pt / .pth pickle files, read them with "
@@ -190,7 +217,8 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--force", is_flag=True, help="Convert even when validation against the target finds errors.")
 @click.option("--keep-embeddings", is_flag=True, help="Keep embed_tokens / lm_head copies even when identical "
               "to the target's.")
-@click.option("--max-shard-size", type=int, help="Output shard cap in bytes (default: largest tensor + 256 MiB).")
+@click.option("--max-shard-size", type=_ByteSize(), help="Output shard cap: bytes, or 500MB / 4GiB / ... (default: "
+              "largest tensor + 256 MiB).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan / result as JSON.")
 @click.option("--declare-block-layout", type=click.Choice(["anchor_first", "one_plus_n"]),

@@ -253,8 +253,15 @@ def _status(exc: BaseException) -> int | None:
     return getattr(response, "status_code", None)
 
 
-def _hub_error(exc: BaseException, action: str, repo_id: str, token: str | None) -> HubError:
-    """Map a huggingface_hub / transport error to a HubError with a hint (the original stays as ``__cause__``)."""
+def _hub_error(exc: BaseException, action: str, repo_id: str, token: str | None, *, reading: bool = False
+               ) -> HubError:
+    """Map a huggingface_hub / transport error to a HubError with a hint (the original stays as ``__cause__``).
+    ``reading``: the failed call only read (a target's headers), so the push wording is left out."""
+    if reading and isinstance(exc, (httpx2.TransportError, RuntimeError)) and _status(exc) is None:
+        detail = _redactor(token)(" ".join(str(exc).split()))[:600]
+        return HubError(f"cannot {action}: network error talking to the Hub ({detail})",
+                        hint="check the connection (or --endpoint / HF_ENDPOINT); a local folder is read when it "
+                             "exists")
     r = _redactor(token)
     detail = r(" ".join(str(exc).split()))[:600]
     status = _status(exc)
@@ -676,7 +683,7 @@ def _remote_read(repo_id, revision, token, endpoint, cache_dir):
         with ThreadPoolExecutor(max_workers=min(8, len(shards))) as pool:
             parsed = list(pool.map(lambda f: api.parse_safetensors_file_metadata(repo_id, f, revision=sha), shards))
     except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"read the headers of {repo_id}", repo_id, token) from exc
+        raise _hub_error(exc, f"read the headers of {repo_id}", repo_id, token, reading=True) from exc
     except EntryNotFoundError as exc:
         raise CheckpointNotFoundError(f"a file named by the repo is missing: {exc}", path=where) from exc
     except SafetensorsParsingError as exc:

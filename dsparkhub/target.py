@@ -126,7 +126,17 @@ def open_target(source: str | Path) -> TargetSpec:
     if _REPO_ID.match(source) and not source.startswith((".", "/")):
         from .hub import remote_checkpoint
 
+        from .errors import HubError
+
         repo, _, revision = source.partition("@")
-        return target_from_checkpoint(remote_checkpoint(repo, revision=revision or None), source)
+        try:
+            return target_from_checkpoint(remote_checkpoint(repo, revision=revision or None), source)
+        except HubError as exc:
+            if path.parent.is_dir():  # "ex/targt" next to a local "ex/": most likely a mistyped folder
+                raise CheckpointNotFoundError(
+                    f"no local folder {source} (its parent {path.parent}/ exists: a typo?); read as a Hub repo id it "
+                    f"failed too: {exc.message}", path=source,
+                    hint="check the folder name; for a Hub target pass namespace/name") from exc
+            raise
     raise CheckpointNotFoundError("target is neither a local folder nor a Hub repo id (namespace/name)",
                                   path=source)

@@ -532,3 +532,17 @@ def test_push_refuses_when_the_repo_moved_since_the_reviewed_dry_run(hub, tmp_pa
     assert hub.writes == [] and hub.head("alice/m") == moved
     report = push(draft, "alice/m", endpoint=hub.url, expect_head=moved[:12])
     assert report.committed and report.plan.parent_commit == moved
+
+
+def test_a_mistyped_local_target_folder_is_named_as_such(local_hub, tmp_path, monkeypatch):
+    """`--target ex/targt` next to a local `ex/`: the error says no such folder (a typo?), not a push failure."""
+    from dsparkhub.errors import CheckpointNotFoundError
+    from dsparkhub.target import open_target
+
+    (tmp_path / "ex").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointNotFoundError, match="no local folder ex/targt .*a typo") as err:
+        open_target("ex/targt")
+    assert "nothing was committed" not in str(err.value)
+    with pytest.raises(HubError, match="cannot read the headers of nobody/sometarget"):
+        open_target("nobody/sometarget")
