@@ -483,24 +483,36 @@ def render_card(context: dict[str, Any], template: str | Path | None = None) -> 
                         hint="see dsparkhub/templates/model_card.md.j2 for the variables a template gets") from None
 
 
+CARD_MARKER = "<!-- written by `dsparkhub card`: running it again replaces this file -->"
+
+
 def write_card(draft: str | Path, results_paths: list[str | Path], *, template: str | Path | None = None,
                license: str = "apache-2.0", base_model: str | None = None,
-               repo_id: str | None = None) -> CardOutput:
+               repo_id: str | None = None, overwrite: bool = False) -> CardOutput:
     """Write ``README.md`` and ``assets/*.png`` into the drafter folder from results files.
 
     Everything is rendered into a temporary folder inside ``draft`` first; the plots are then renamed into
     ``assets/`` and the README last, so a README never points at a missing plot. The drafter's config and weights
     are not touched (its fingerprint does not change).
 
+    A ``README.md`` that a previous ``dsparkhub card`` wrote (it ends with :data:`CARD_MARKER`) is replaced; one
+    written by hand is kept unless ``overwrite``.
+
     Raises:
         ResultsError: a results file is malformed, from another drafter (both fingerprints named), or from a run
             that was not lossless.
-        CardError: no results, bad template, unusable drafter config.
+        CardError: no results, bad template, unusable drafter config, or a hand-written README.md without
+            ``overwrite``.
     """
     draft = Path(draft)
+    existing = draft / "README.md"
+    if existing.is_file() and not overwrite and CARD_MARKER not in existing.read_text(encoding="utf-8",
+                                                                                        errors="replace"):
+        raise CardError("the drafter folder already has a README.md that dsparkhub did not write", path=existing,
+                        hint="pass --overwrite to replace it, or move it away first")
     results = load_results_for(draft, list(results_paths))
     context = build_context(draft, results, license=license, base_model=base_model, repo_id=repo_id)
-    text = render_card(context, template)
+    text = render_card(context, template).rstrip("\n") + f"\n\n{CARD_MARKER}\n"
     staging = Path(tempfile.mkdtemp(prefix=".dsparkhub-card-", dir=draft))
     try:
         written = []

@@ -252,7 +252,13 @@ def read_header(path: str | Path, *, name: str | None = None) -> tuple[dict[str,
         if isinstance(exc, PermissionError):
             raise
         raise CheckpointFormatError(f"cannot read safetensors file: {exc.strerror or exc}", path=path) from None
-    return parse_header_bytes(raw, file=name or path.name, data_size=size - 8 - n)
+    try:
+        return parse_header_bytes(raw, file=name or path.name, data_size=size - 8 - n)
+    except CheckpointFormatError as exc:
+        if exc.path == (name or path.name):  # name the whole path: drafter and target shards share base names
+            exc.path = str(path)
+            exc.args = (str(exc),)
+        raise
 
 
 def _refuse_special(path: Path) -> None:

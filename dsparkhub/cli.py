@@ -466,19 +466,20 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
 
 @main.command()
 @click.argument("draft", type=click.Path())
-@click.option("--results", "results_paths", multiple=True, required=True, type=click.Path(),
+@click.option("--results", "results_paths", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
               help="Results file from `dsparkhub verify` (repeat for several engines / dataset sets).")
 @click.option("--template", type=click.Path(), help="Jinja2 template replacing dsparkhub's model_card.md.j2.")
 @click.option("--license", "license_", default="apache-2.0", show_default=True, help="Hub license id.")
 @click.option("--base-model", help="Target repo id for the card's base_model (default: from provenance/results).")
 @click.option("--repo-id", help="This drafter's Hub repo id (NS/NAME), used in the serve commands.")
+@click.option("--overwrite", is_flag=True, help="Replace a README.md that dsparkhub did not write.")
 @handle_errors
-def card(draft, results_paths, template, license_, base_model, repo_id) -> None:
+def card(draft, results_paths, template, license_, base_model, repo_id, overwrite) -> None:
     """Write README.md (model card) and plots into the drafter folder from verify results files."""
     from .card import write_card
 
     out = write_card(draft, list(results_paths), template=template, license=license_, base_model=base_model,
-                     repo_id=repo_id)
+                     repo_id=repo_id, overwrite=overwrite)
     click.echo(f"wrote {out.readme}")
     for p in out.plots:
         click.echo(f"wrote {p}")

@@ -309,3 +309,21 @@ def test_cli_card(tmp_path):
     assert res.exit_code == 1 and "ResultsError" in res.output and "not lossless" in res.output
     res = CliRunner().invoke(main, ["card", str(draft)])
     assert res.exit_code == 2  # --results is required: no way to make a card without measurements
+
+
+def test_a_hand_written_readme_is_kept_unless_overwrite(tmp_path):
+    from dsparkhub.card import CARD_MARKER
+
+    draft = make_drafter(tmp_path / "d")
+    r = make_results(draft, tmp_path / "r.json")
+    (draft / "README.md").write_text("# my notes\n")
+    with pytest.raises(CardError, match="did not write"):
+        write_card(draft, [r])
+    assert (draft / "README.md").read_text() == "# my notes\n"
+    res = CliRunner().invoke(main, ["card", str(draft), "--results", str(r)])
+    assert res.exit_code == 1 and "--overwrite" in res.output
+    write_card(draft, [r], overwrite=True)
+    assert (draft / "README.md").read_text().rstrip().endswith(CARD_MARKER)
+    write_card(draft, [r])  # its own card is replaced without --overwrite
+    res = CliRunner().invoke(main, ["card", str(draft), "--results", str(tmp_path / "missing.json")])
+    assert res.exit_code == 2 and "does not exist" in res.output
