@@ -106,6 +106,17 @@ def test_speculators_without_sample_from_anchor_is_read_as_vllm_reads_it(tmp_pat
     assert "DSH113" in validate(src).codes
 
 
+@pytest.mark.parametrize("value", ["false", 0, None])
+def test_sample_from_anchor_must_be_a_json_boolean(tmp_path, target, value):
+    """"false" as a string is truthy: read naively it would flip a 1+N drafter to anchor-first without a word."""
+    src = F.make_speculators_drafter(tmp_path / "s", target, sample_from_anchor=False)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["sample_from_anchor"] = value
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LayoutError, match="'sample_from_anchor' must be true or false"):
+        open_draft(src)
+
+
 def test_dflash2_keeps_sliding_window_layers(tmp_path, target):
     src = F.make_zlab_dflash2_drafter(tmp_path / "z", target, layers=3)
     d = open_draft(src)

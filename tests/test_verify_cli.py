@@ -412,3 +412,16 @@ def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
     card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
     assert card.exit_code == 0, card.output
     assert "CPU reference engine" in (draft / "README.md").read_text()
+
+
+def test_prompts_longer_than_the_context_are_warned_about(setup):
+    draft, target, prompts = setup
+    lines: list[str] = []
+    runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
+                      validate_fn=no_validate, num_speculative_tokens=[2], max_new_tokens=4, max_model_len=5,
+                      warn=lines.append)
+    assert any("exceed the context of 5 tokens" in line for line in lines), lines
+    lines.clear()
+    runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
+                      validate_fn=no_validate, num_speculative_tokens=[2], max_new_tokens=4, warn=lines.append)
+    assert lines == []

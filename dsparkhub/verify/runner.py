@@ -113,6 +113,31 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
     raise EngineUnavailableError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
 
 
+def _warn_context_overflow(data, target: str, max_model_len: int | None, max_new_tokens: int,
+                           warn: Callable[[str], None] | None) -> None:
+    """Warn when prompt + ``max_new_tokens`` passes the context (``--max-model-len``, else the local target's
+    ``max_position_embeddings``): vLLM refuses such prompts, and past its trained positions a target's outputs (and
+    so τ) mean little."""
+    import json
+
+    limit = max_model_len
+    cfg = Path(target) / "config.json"
+    if limit is None and cfg.is_file():
+        try:
+            c = json.loads(cfg.read_text())
+        except (OSError, ValueError):
+            c = {}
+        limit = c.get("max_position_embeddings") or (c.get("text_config") or {}).get("max_position_embeddings")
+    if warn is None or not isinstance(limit, int):
+        return
+    for ds in data:
+        over = [len(p) for p in ds.prompts if len(p) + max_new_tokens > limit]
+        if over:
+            warn(f"warning: {len(over)} prompt(s) of dataset {ds.name!r} plus {max_new_tokens} new tokens exceed the "
+                 f"context of {limit} tokens (longest prompt {max(over)} tokens); vLLM refuses them and the "
+                 "numbers past the context mean little")
+
+
 def _check_torch_device(device: str | None) -> None:
     """A device the reference engine can use, checked before anything loads."""
     if device is None:
@@ -247,6 +272,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     from .prompts import load_datasets
 
     data = load_datasets(datasets, target, max_prompts=max_prompts, tokenizer=tokenizer)
+    _warn_context_overflow(data, target, max_model_len, max_new_tokens, warn)
 
     owned = isinstance(backend, str)
     engine = make_backend(backend, target=target, draft=draft, method=method, device=device,
