@@ -654,7 +654,8 @@ def resolve_step_dir(path: str | Path) -> Path:
     if (path / "config.json").exists() or path.is_file():
         return path
     latest = path / "step_latest"
-    steps = sorted(p.name for p in path.glob("step_*") if p.name != "step_latest")
+    steps = sorted((p.name for p in path.glob("step_*") if p.name != "step_latest"),
+                   key=lambda n: (0, int(n[5:]), n) if n[5:].isdigit() else (1, 0, n))  # step_1000 after step_99
     if latest.is_symlink() or latest.exists():
         if not latest.exists():
             raise CheckpointNotFoundError(f"`step_latest` points to {os.readlink(latest)!r}, which does not exist",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import sys
 import traceback
 
@@ -266,7 +267,7 @@ def _print_plan(plan) -> None:
     click.echo(f"convert {d.checkpoint.path} [{d.recipe.name}] -> [{plan.recipe.name}]"
                + (f" for target {plan.target.source}" if plan.target else ""))
     copies = plan.copies
-    click.echo(f"  tensors written: {len(copies)} ({_fmt_bytes(plan.out_bytes)})")
+    click.echo(f"  tensors to write: {len(copies)} ({_fmt_bytes(plan.out_bytes)})")
     for x in plan.decisions:
         if x.action == "drop" or x.reason:
             click.echo(f"  {x.action:5} {x.name}: {x.reason}")
@@ -461,7 +462,7 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
     click.echo(f"wrote {out}")
     if results.lossless is False:
         raise results.lossless_error()
-    click.echo(f"next: dsparkhub card {draft} --results {out}")
+    click.echo(f"next: dsparkhub card {shlex.quote(str(draft))} --results {shlex.quote(str(out))}")
 
 
 @main.command()

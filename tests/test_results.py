@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import pytest
@@ -116,6 +117,9 @@ def test_round_trip(tmp_path):
     path = r.save(tmp_path / "sub" / "results.json")
     assert VerifyResults.load(path) == r
     assert [p.name for p in path.parent.iterdir()] == ["results.json"]  # no temp file left
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as readable as any other output, not mkstemp's 0600
     r2 = make_results(date="2027-01-01T00:00:00+00:00")
     r2.save(path)
     assert VerifyResults.load(path).date == "2027-01-01T00:00:00+00:00"

@@ -212,6 +212,17 @@ class Change:
     speedup_delta: float | None
 
 
+def _umask() -> int:
+    """The process umask, read without changing it (``os.umask`` sets it, which races with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 @dataclass
 class VerifyResults:
     """A whole results file (schema ``dsparkhub.verify.results/1``; see the module docstring for every key)."""
@@ -319,6 +330,7 @@ class VerifyResults:
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_dict(), indent=2) + "\n"
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a results file is as readable as any output
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
