@@ -14,6 +14,7 @@ import os
 import shlex
 import sys
 import traceback
+from pathlib import Path
 
 import click
 
@@ -259,7 +260,8 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
         echo_json({"out": str(result.out), "files": result.files, "provenance": result.provenance})
         return
     _print_plan(plan)
-    click.echo(f"wrote {result.out} ({', '.join(result.files)}, config.json, dsparkhub_provenance.json)")
+    index = ["model.safetensors.index.json"] if (Path(result.out) / "model.safetensors.index.json").exists() else []
+    click.echo(f"wrote {result.out} ({', '.join([*result.files, *index])}, config.json, dsparkhub_provenance.json)")
 
 
 def _print_plan(plan) -> None:
@@ -450,6 +452,11 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
     from .verify.results import format_summary_table
     from .verify.runner import run_verify
 
+    if quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # transformers' own "Loading weights" bar
+
     results = run_verify(draft, target, backend=backend, num_speculative_tokens=ns, datasets=list(datasets),
                          max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, max_prompts=max_prompts,
                          method=method, device=device, tensor_parallel_size=tp, max_model_len=max_model_len,
@@ -631,6 +638,11 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     from .validate import validate as run_validate
     from .verify.results import format_summary_table
     from .verify.runner import run_verify
+
+    if quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # transformers' own "Loading weights" bar
 
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)

@@ -234,7 +234,11 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             if same:
                 decisions.append(TensorDecision(name, "drop", None, why + "; vLLM shares the target's"))
                 continue
-            decisions.append(TensorDecision(name, "copy", out_name, why + "; kept (vLLM uses the drafter's own)"))
+            note = "; kept (vLLM uses the drafter's own)"
+            if name == "embed_tokens.weight" and d.recipe.name == "deepspec":
+                note += ("; DeepSpec trains with the target's embedding frozen, so this drafter was probably "
+                         "trained for another target")
+            decisions.append(TensorDecision(name, "copy", out_name, why + note))
             continue
         decisions.append(TensorDecision(name, "copy", out_name))
     for name in recipe.data.get("write", {}).get("derive") or []:

@@ -110,7 +110,18 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
                 shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_shielded(tmp)
+
+
+def _remove_shielded(folder: Path) -> None:
+    """Remove a temporary folder even if another Ctrl-C arrives meanwhile (``timeout`` and shells often deliver
+    SIGINT twice); the first interrupt still propagates once the folder is gone."""
+    while True:
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def refuse_overlap(out: str | Path, reads: dict[str, str | Path | None]) -> None:
