@@ -134,7 +134,7 @@ def test_token_never_printed_or_written_by_any_command(models, tmp_path, monkeyp
             rec.invoke(["inspect", tmp_path / "missing"], expect=1, debug=debug)
             rec.invoke(["validate", run, "--target", tmp_path / "missing"], expect=1, debug=debug)
             rec.invoke(["convert", run, "--target", target, "--out", out], expect=1, debug=debug)  # OUT exists
-            rec.invoke(["card", out, "--results", tmp_path / "missing.json"], expect=1, debug=debug)
+            rec.invoke(["card", out, "--results", tmp_path / "missing.json"], expect=2, debug=debug)  # no such file
             rec.invoke(["verify", out, "--target", tmp_path / "missing", "--out", tmp_path / "r.json"], expect=1,
                        debug=debug)
             rec.invoke(["push", out, "--repo", "not a repo id", "--endpoint", hub.url], expect=1, debug=debug)
