@@ -190,7 +190,8 @@ def _print_report(report) -> None:
 @click.argument("draft", type=click.Path())
 @click.option("--target", help="Target: local HF folder, Hub repo id (headers only are read) or manifest name "
               "(`dsparkhub manifests list`).")
-@click.option("--num-speculative-tokens", "-n", type=click.IntRange(min=1), help="The n you will serve with.")
+@click.option("--num-speculative-tokens", "-n", callback=lambda ctx, param, v: None if v is None else
+              max(_int_list(ctx, param, v)), help="The n you will serve with (3,5,7: the largest is checked).")
 @click.option("--layout", help="Force the drafter's layout instead of detecting it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
@@ -270,6 +271,8 @@ def _print_plan(plan) -> None:
                + (f" for target {plan.target.source}" if plan.target else ""))
     copies = plan.copies
     click.echo(f"  tensors to write: {len(copies)} ({_fmt_bytes(plan.out_bytes)})")
+    for note in d.spec.notes:  # e.g. a block layout declared with --declare-block-layout
+        click.echo(f"  note: {note}")
     for x in plan.decisions:
         if x.action == "drop" or x.reason:
             click.echo(f"  {x.action:5} {x.name}: {x.reason}")

@@ -258,6 +258,13 @@ def test_anchor_first_to_one_plus_n_needs_the_explicit_flag(tmp_path, target):
     assert result.provenance["options"]["declare_block_layout"] == "one_plus_n"
     assert open_draft(tmp_path / "out").spec.proposals_per_block == 6
     assert any("proposals per block change from 7" in n for n in plan.draft.spec.notes)
+    from click.testing import CliRunner
+
+    from dsparkhub.cli import main
+
+    res = CliRunner().invoke(main, ["convert", str(run), "--target", str(target), "--to", "zlab-dflash",
+                                    "--declare-block-layout", "one_plus_n", "--dry-run", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0 and "note: block layout declared one_plus_n" in res.output, res.output
 
 
 def test_layouts_that_cannot_hold_a_family_refuse_with_the_alternatives(tmp_path, target):
