@@ -224,6 +224,10 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
               "largest tensor + 256 MiB).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan / result as JSON.")
+@click.option("--draft-vocab", type=click.IntRange(min=1), help="Write a reduced draft vocab of this many tokens "
+              "(lm_head / markov_w2 rows + d2t), the most frequent in --draft-vocab-from.")
+@click.option("--draft-vocab-from", multiple=True, help="Text to count for --draft-vocab: JSONL files (turns / "
+              "prompt / prompt_token_ids) or builtin[:math|code|chat]; ideally samples of the target's own outputs.")
 @click.option("--declare-block-layout", type=click.Choice(["anchor_first", "one_plus_n"]),
               help="State the drafter's block layout when its config implies the other one; the output then "
                    "proposes a different number of tokens per block (recorded in provenance).")
@@ -234,20 +238,26 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--allow-pickle", is_flag=True, help=_ALLOW_PICKLE_HELP)
 @handle_errors
 def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max_shard_size, dry_run, as_json,
-            declare_block_layout, attach_to, link, allow_pickle):
+            draft_vocab, draft_vocab_from, declare_block_layout, attach_to, link, allow_pickle):
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
     from .convert import convert as run_convert, plan_conversion
 
     named, src = src, _pickle_source(src, allow_pickle)
 
     if attach_to:
+        if draft_vocab:
+            raise click.UsageError("--draft-vocab is for standalone outputs: an attached V4 drafter shares the "
+                                   "target's LM head")
         _attach(src, attach_to, out, layout=layout, link=link or "auto", overwrite=overwrite, force=force,
                 max_shard_size=max_shard_size, as_json=as_json)
         return
     if not target:
         raise click.UsageError("--target is required (or --attach TARGET_DIR)")
+    if bool(draft_vocab) != bool(draft_vocab_from):
+        raise click.UsageError("--draft-vocab N and --draft-vocab-from DATASET go together")
     plan = plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
-                           declare_block_layout=declare_block_layout)
+                           declare_block_layout=declare_block_layout, draft_vocab=draft_vocab,
+                           draft_vocab_from=list(draft_vocab_from))
     if dry_run:
         if as_json:
             echo_json(plan.to_dict())
@@ -270,7 +280,8 @@ def _print_plan(plan) -> None:
     click.echo(f"convert {d.checkpoint.path} [{d.recipe.name}] -> [{plan.recipe.name}]"
                + (f" for target {plan.target.source}" if plan.target else ""))
     copies = plan.copies
-    click.echo(f"  tensors to write: {len(copies)} ({_fmt_bytes(plan.out_bytes)})")
+    count = len(copies) + len(plan.derived) + len(plan.reduced)
+    click.echo(f"  tensors to write: {count} ({_fmt_bytes(plan.out_bytes)})")
     for note in d.spec.notes:  # e.g. a block layout declared with --declare-block-layout
         click.echo(f"  note: {note}")
     for x in plan.decisions:

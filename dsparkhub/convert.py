@@ -68,6 +68,7 @@ class ConversionPlan:
     decisions: list[TensorDecision]
     report: ValidationReport
     options: dict = field(default_factory=dict)
+    computed: dict = field(default_factory=dict)  # name -> (dtype, shape, load) for action "reduce"
 
     @property
     def copies(self) -> list[TensorDecision]:
@@ -80,11 +81,19 @@ class ConversionPlan:
         return [d for d in self.decisions if d.action == "derive"]
 
     @property
+    def reduced(self) -> list[TensorDecision]:
+        """Tensors written for a reduced draft vocab (``--draft-vocab``): chosen rows, ``d2t`` (``t2d``)."""
+        return [d for d in self.decisions if d.action == "reduce"]
+
+    @property
     def out_bytes(self) -> int:
         """Bytes of tensor data that will be written."""
+        from .checkpoint import _expected_nbytes
+
         spec = self.draft.spec
         derived = sum(_derived_nbytes(spec, d.name) for d in self.derived)
-        return sum(spec.tensors[d.name].nbytes for d in self.copies) + derived
+        reduced = sum(_expected_nbytes(*self.computed[d.name][:2]) for d in self.reduced)
+        return sum(spec.tensors[d.name].nbytes for d in self.copies) + derived + reduced
 
     def to_dict(self) -> dict:
         """JSON-friendly plan."""
@@ -153,7 +162,8 @@ def _first_difference(path_a: Path, start_a: int, path_b: Path, start_b: int, nb
 
 def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
                     layout: str | None = None, force: bool = False, keep_embeddings: bool = False,
-                    declare_block_layout: str | None = None) -> ConversionPlan:
+                    declare_block_layout: str | None = None, draft_vocab: int | None = None,
+                    draft_vocab_from: list[str] | None = None) -> ConversionPlan:
     """Decide a conversion from headers (and the embedding / LM-head bytes), writing nothing.
 
     Args:
@@ -166,6 +176,9 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         declare_block_layout: ``"anchor_first"`` | ``"one_plus_n"``: state the drafter's block layout instead of
             the one its config implies (the only way to write it in a layout that expresses the other one); the
             output then proposes a different number of tokens per block, which is recorded in provenance.
+        draft_vocab: Vd: write a reduced draft vocab of the Vd most frequent target tokens of ``draft_vocab_from``
+            (``dsparkhub.draft_vocab``): ``lm_head`` and ``markov_w2`` rows of those ids, and ``d2t``.
+        draft_vocab_from: dataset specs counted for ``draft_vocab`` (as ``verify --datasets``).
 
     Raises:
         ValidationFailedError: validation against the target found errors and ``force`` is False.
@@ -220,9 +233,27 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             f"layout {recipe.name!r} cannot hold a {spec.family} {spec.variant} drafter (read as {spec.layout!r}); "
             "writing it there would lose or reinterpret tensors", path=d.checkpoint.path,
             hint="layouts that can: " + ", ".join(r.name for r in load_recipes() if can_hold(r, spec)))
+    computed = {}
+    if draft_vocab is not None:
+        if limits.get("full_vocab"):
+            raise ConversionRefusedError(f"layout {recipe.name!r} shares the target's LM head, so it cannot hold a "
+                                         "reduced draft vocab", path=d.checkpoint.path)
+        from .draft_vocab import choose_draft_vocab
+
+        dv = choose_draft_vocab(t.source if t is not None and t.local else "", list(draft_vocab_from or []),
+                                draft_vocab, vocab_size=spec.vocab_size)
+        computed = _reduce_vocab(d, t, recipe, dv)
     config = write_config(spec, recipe)
     decisions: list[TensorDecision] = []
+    for name, (dtype, shape, _) in computed.items():
+        if name not in spec.tensors:  # d2t / t2d, or an lm_head taken from the target
+            decisions.append(TensorDecision(name, "reduce", recipe.to_layout(name, num_layers=spec.num_layers),
+                                            f"reduced draft vocab: {dtype} {list(shape)}"))
     for name in sorted(spec.tensors, key=_tensor_order):
+        if name in computed:
+            decisions.append(TensorDecision(name, "reduce", recipe.to_layout(name, num_layers=spec.num_layers),
+                                            f"reduced draft vocab: rows of {spec.draft_vocab_size} chosen tokens"))
+            continue
         if any(re.fullmatch(p, name) for p in recipe.data.get("write", {}).get("omit") or []):
             decisions.append(TensorDecision(name, "drop", None, f"layout {recipe.name!r} does not carry it"))
             continue
@@ -248,7 +279,56 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
                                             f"computed from {', '.join(inputs)} (layout {recipe.name!r} ships it)"))
     options = {"to": recipe.name, "layout": d.recipe.name, "force": force, "keep_embeddings": keep_embeddings,
                "declare_block_layout": declare_block_layout}
-    return ConversionPlan(d, t, recipe, config, decisions, report, options)
+    if draft_vocab is not None:
+        options["draft_vocab"] = dv.to_dict()
+    return ConversionPlan(d, t, recipe, config, decisions, report, options, computed)
+
+
+def _reduce_vocab(d: OpenedDraft, t: TargetSpec | None, recipe: Recipe, dv) -> dict:
+    """``{canonical name: (dtype, shape, load)}`` for a reduced draft vocab; sets ``d.spec.draft_vocab_size``.
+
+    ``lm_head`` rows come from the drafter's own head, else from the (local) target's; ``markov_w2`` rows from the
+    drafter; ``d2t`` (and ``t2d`` where the layout ships it) from the chosen ids.
+
+    Raises:
+        ConversionRefusedError: the drafter's vocab is already reduced, or it has no LM head and the target's
+            cannot be read.
+    """
+    import torch
+
+    spec = d.spec
+    if spec.draft_vocab_size != spec.vocab_size or "d2t" in spec.tensors:
+        raise ConversionRefusedError(f"the drafter's draft vocab is already reduced ({spec.draft_vocab_size} of "
+                                     f"{spec.vocab_size}); --draft-vocab starts from a full-vocab drafter",
+                                     path=d.checkpoint.path)
+    ids = torch.tensor(dv.ids, dtype=torch.int64)
+    n = dv.size
+
+    def rows(load):
+        return lambda: load().index_select(0, ids).contiguous()
+
+    out = {}
+    head = spec.tensors.get("lm_head.weight")
+    if head is not None:
+        out["lm_head.weight"] = (head.dtype, (n, head.shape[1]),
+                                 rows(lambda: d.checkpoint.read_tensor(spec.source_names["lm_head.weight"])))
+    elif t is not None and t.local and t.lm_head is not None:
+        ref = t.lm_head
+        out["lm_head.weight"] = (ref.dtype, (n, ref.shape[1]), rows(lambda: t.checkpoint.read_tensor(ref.name)))
+    else:
+        raise ConversionRefusedError("the drafter has no LM head of its own and the target's cannot be read (a "
+                                     "local target is needed): a reduced draft vocab needs lm_head rows",
+                                     path=d.checkpoint.path)
+    w2 = spec.tensors.get("markov_head.markov_w2.weight")
+    if w2 is not None:
+        out["markov_head.markov_w2.weight"] = (
+            w2.dtype, (n, w2.shape[1]),
+            rows(lambda: d.checkpoint.read_tensor(spec.source_names["markov_head.markov_w2.weight"])))
+    out["d2t"] = ("I64", (n,), dv.d2t)
+    if "t2d" in ((recipe.data.get("write") or {}).get("derive") or []):
+        out["t2d"] = ("BOOL", (spec.vocab_size,), dv.t2d)
+    spec.draft_vocab_size = n
+    return out
 
 
 def _derived_nbytes(spec, name: str) -> int:
@@ -339,6 +419,10 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         return lambda: fn(d.spec, lambda n: loader(d.spec.tensors[n])())
 
     items += [(x.out_name, _derived_nbytes(d.spec, x.name), derive(x.name)) for x in plan.derived]
+    from .checkpoint import _expected_nbytes
+
+    items += [(x.out_name, _expected_nbytes(*plan.computed[x.name][:2]), plan.computed[x.name][2])
+              for x in plan.reduced]
     with atomic_output(out, overwrite=overwrite) as tmp:
         files = write_shards(tmp, items, max_shard_bytes=max_shard_bytes)
         readers.clear()
