@@ -506,6 +506,9 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
     """
     draft = Path(draft)
     existing = draft / "README.md"
+    if existing.exists() and not existing.is_file():
+        raise CardError("README.md in the drafter folder is not a file", path=existing,
+                        hint="move it away; the card is written as DRAFT/README.md")
     if existing.is_file() and not overwrite and CARD_MARKER not in existing.read_text(encoding="utf-8",
                                                                                         errors="replace"):
         raise CardError("the drafter folder already has a README.md that dsparkhub did not write", path=existing,

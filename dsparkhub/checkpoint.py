@@ -42,7 +42,7 @@ MAX_HEADER_BYTES = 100_000_000
 #: refuse config / index files larger than this (a 1T-parameter target's index is ~20 MB).
 MAX_JSON_BYTES = 512 << 20
 INDEX_NAME = "model.safetensors.index.json"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 #: pickle files that are training state, not weights; they are ignored (never loaded, never copied).
 TRAINING_STATE_PREFIXES = ("training_state", "optimizer", "scheduler", "rng_state", "training_args")
 #: bounded repr for values quoted from hostile files (depth, length and width capped; never recurses deeply).
@@ -315,10 +315,17 @@ def _safe_member(folder: Path, rel: str, what: str) -> Path:
     except (OSError, RuntimeError) as exc:  # pathlib raises RuntimeError on a symlink loop (Python < 3.13)
         raise UnsafeCheckpointError(f"{what} {rel!r} cannot be resolved inside the checkpoint: {exc}",
                                     path=folder) from None
-    if root != real and root not in real.parents:
+    if root != real and root not in real.parents and not _hf_cache_blob(root, real):
         raise UnsafeCheckpointError(f"{what} {rel!r} is a link that resolves outside the checkpoint folder "
                                     f"(to {real})", path=folder)
     return path
+
+
+def _hf_cache_blob(root: Path, real: Path) -> bool:
+    """A Hugging Face cache snapshot's link into its own blob store: ``models--ns--name/snapshots/<rev>/f`` ->
+    ``models--ns--name/blobs/<hash>`` (huggingface_hub's cache layout; the only outside link a checkpoint may have)."""
+    return (root.parent.name == "snapshots" and real.parent == root.parent.parent / "blobs"
+            and root.parent.parent.name.startswith(("models--", "datasets--")))
 
 
 class LazyTensors(Mapping):
@@ -597,7 +604,9 @@ def open_checkpoint(path: str | Path, *, require_config: bool = True, lazy: bool
         files = list(dict.fromkeys(weight_map.values()))
     else:
         weight_map = None
-        files = sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file())
+        # optimizer.safetensors & co. lie beside the weights in some training outputs: never shards
+        files = sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file()
+                       and not p.name.startswith(TRAINING_STATE_PREFIXES))
     if not files:
         pickles = pickle_weight_files(path)
         if pickles and allow_pickle:

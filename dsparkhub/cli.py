@@ -130,7 +130,7 @@ class _ByteSize(click.ParamType):
             unit = text[len(num):].upper()
             try:
                 n = int(float(num) * self.UNITS[unit])
-            except (ValueError, KeyError):
+            except (ValueError, KeyError, OverflowError):  # OverflowError: inf, 1e400
                 self.fail(f"{value!r} is not a size (e.g. 1000000, 500MB, 4GiB)", param, ctx)
         if n < 1:
             self.fail(f"{value!r}: a shard cap must be at least 1 byte", param, ctx)
@@ -464,19 +464,23 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses."""
     from .verify.results import format_summary_table
-    from .verify.runner import run_verify
+    from .verify.runner import VerifyArgumentError, run_verify
 
     if quiet:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # transformers' own "Loading weights" bar
 
-    results = run_verify(draft, target, backend=backend, num_speculative_tokens=ns, datasets=list(datasets),
-                         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, max_prompts=max_prompts,
-                         method=method, device=device, tensor_parallel_size=tp, max_model_len=max_model_len,
-                         compilation_config=compilation_config, confidence_threshold=confidence_threshold,
-                         server_url=server_url, baseline_url=baseline_url, out=out, progress=not quiet,
-                         raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
+    try:
+        results = run_verify(draft, target, backend=backend, num_speculative_tokens=ns, datasets=list(datasets),
+                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, max_prompts=max_prompts,
+                             method=method, device=device, tensor_parallel_size=tp, max_model_len=max_model_len,
+                             compilation_config=compilation_config, confidence_threshold=confidence_threshold,
+                             server_url=server_url, baseline_url=baseline_url, out=out, progress=not quiet,
+                             raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
+    except VerifyArgumentError as exc:  # a bad combination of arguments: a usage error (exit 2)
+        raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
+    draft = results.drafter.id  # a DeepSpec run folder was measured through its step_latest
     click.echo(f"{results.method} drafter {draft} on {results.engine.backend} ({results.engine.version}, "
                f"{results.engine.device}); batch 1, temperature {temperature}, max {max_new_tokens} new tokens")
     click.echo(format_summary_table(results))

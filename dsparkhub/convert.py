@@ -193,10 +193,10 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         if declare_block_layout not in (ANCHOR_FIRST, ONE_PLUS_N):
             raise ConversionRefusedError(f"unknown block layout {declare_block_layout!r}; expected "
                                          f"{ANCHOR_FIRST!r} or {ONE_PLUS_N!r}")
-        before = d.spec.proposals_per_block
-        d.spec.notes.append(f"block layout declared {declare_block_layout} (the source config implies "
-                            f"{d.spec.block_layout}); proposals per block change from {before}")
+        before, implied = d.spec.proposals_per_block, d.spec.block_layout
         d.spec.block_layout = declare_block_layout
+        d.spec.notes.append(f"block layout declared {declare_block_layout} (the source config implies {implied}); "
+                            f"proposals per block change from {before} to {d.spec.proposals_per_block}")
     recipe = resolve_output_recipe(to, d.spec)
     report = validate(d, t)
     if not report.ok and not force:

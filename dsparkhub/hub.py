@@ -235,7 +235,7 @@ def _left_out_reason(rel: Path) -> str | None:
         return "dotfile: may hold local settings or secrets"
     if rel.name.startswith(TRAINING_STATE_PREFIXES):
         return "training state"
-    if rel.suffix in PICKLE_SUFFIXES:
+    if rel.suffix.lower() in PICKLE_SUFFIXES:
         return "pickle file: a release ships safetensors"
     return None
 
@@ -319,10 +319,14 @@ def _read_provenance(draft_dir: Path) -> dict | None:
     return data
 
 
-def _run_validation(draft_dir: Path, target: str | None):
-    """``dsparkhub.validate.validate`` (imported here so that reading the Hub does not import the checkers)."""
+def _run_validation(draft_dir: Path, target: str | None, endpoint: str | None = None, token: str | None = None):
+    """``dsparkhub.validate.validate`` (imported here so that reading the Hub does not import the checkers); a Hub
+    target is read from the push's own endpoint with its token, not from the default Hub."""
+    from .target import open_target
     from .validate import validate
 
+    if target is not None and not Path(target).exists():
+        target = open_target(target, endpoint=endpoint, token=token)
     return validate(draft_dir, target)
 
 
@@ -455,7 +459,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
 
     report_validation, forced, validation = None, False, None
     if validate:
-        validation = _run_validation(draft_dir, target)
+        validation = _run_validation(draft_dir, target, endpoint, token)
         report_validation = validation.to_dict()
         if not validation.ok:
             if not force:

@@ -38,6 +38,7 @@ Does not: touch tensor data; decide whether a conversion is allowed (``dsparkhub
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import reprlib
@@ -470,7 +471,8 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
             block_layout = (layout_rule.get("default_by_variant") or {}).get(variant, layout_rule.get("default"))
             notes.append(f"`{layout_rule['key']}` not set; assumed {block_layout} (vLLM's default for this layout)")
         elif type(raw) is not bool:  # "false" (a string) is truthy: a silent anchor-first / 1+N flip
-            raise LayoutError(f"config key {layout_rule['key']!r} must be true or false, found {raw!r}", path=path,
+            raise LayoutError(f"config key {layout_rule['key']!r} must be true or false, found {json.dumps(raw)}",
+                              path=path,
                               hint="it decides the block layout (anchor-first vs 1+N); write a JSON boolean")
         else:
             block_layout = layout_rule["true" if raw else "false"]

@@ -90,12 +90,14 @@ def target_from_checkpoint(ckpt: Checkpoint, source: str) -> TargetSpec:
                       cfg["vocab_size"], embed, head, tied)
 
 
-def open_target(source: str | Path) -> TargetSpec:
+def open_target(source: str | Path, *, endpoint: str | None = None, token: str | None = None) -> TargetSpec:
     """Open a target from a local HF folder or a Hub repo id, reading config and headers only.
 
     Args:
         source: folder path, ``namespace/name[@revision]`` on the Hub, or a target manifest name
             (``deepseek-v4-flash``, ``manifest:kimi-k2.6``; geometry and embedding / LM-head headers, no weights).
+        endpoint / token: Hub endpoint and token for a repo id (default: huggingface_hub's, i.e. ``HF_ENDPOINT``
+            / ``HF_TOKEN``).
 
     Raises:
         CheckpointNotFoundError: neither a local folder nor a repo id.
@@ -130,7 +132,8 @@ def open_target(source: str | Path) -> TargetSpec:
 
         repo, _, revision = source.partition("@")
         try:
-            return target_from_checkpoint(remote_checkpoint(repo, revision=revision or None), source)
+            return target_from_checkpoint(remote_checkpoint(repo, revision=revision or None, endpoint=endpoint,
+                                                            token=token), source)
         except HubError as exc:
             if path.parent.is_dir():  # "ex/targt" next to a local "ex/": most likely a mistyped folder
                 raise CheckpointNotFoundError(

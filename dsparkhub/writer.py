@@ -71,6 +71,9 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
     out = Path(out)
     if out.exists() and not overwrite:
         raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise OutputExistsError("OUT exists and is not a folder; --overwrite replaces output folders only",
+                                path=out, hint="choose another OUT, or remove the file yourself")
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_dead_temps(out)
     tmp = out.parent / f".{out.name}.tmp-{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"

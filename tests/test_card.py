@@ -327,3 +327,12 @@ def test_a_hand_written_readme_is_kept_unless_overwrite(tmp_path):
     write_card(draft, [r])  # its own card is replaced without --overwrite
     res = CliRunner().invoke(main, ["card", str(draft), "--results", str(tmp_path / "missing.json")])
     assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_a_readme_folder_is_refused_before_anything_is_written(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    r = make_results(draft, tmp_path / "r.json")
+    (draft / "README.md").mkdir()
+    with pytest.raises(CardError, match="not a file"):
+        write_card(draft, [r])
+    assert not (draft / "assets").exists()

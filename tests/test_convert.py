@@ -177,3 +177,16 @@ def test_atomic_output_concurrent_winner(tmp_path):
             (tmp / "a").write_text("1")
             os.makedirs(out / "x")  # another run finished first
     assert (out / "x").exists() and not (out / "a").exists()
+
+
+def test_overwrite_replaces_folders_only_and_training_state_is_no_shard(tmp_path, run, target):
+    afile = tmp_path / "afile.txt"
+    afile.write_text("keep me")
+    with pytest.raises(OutputExistsError, match="not a folder"):
+        convert(run, afile, target, overwrite=True)
+    assert afile.read_text() == "keep me"
+    step = run / "step_latest"
+    (step / "optimizer.safetensors").write_bytes((step / "model.safetensors").read_bytes())
+    from dsparkhub.checkpoint import open_checkpoint
+
+    assert open_checkpoint(step).files == ["model.safetensors"]

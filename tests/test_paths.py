@@ -193,3 +193,23 @@ def test_special_files_are_refused_without_blocking(models, tmp_path):
     (zero / "config.json").symlink_to("/dev/zero")
     r = CliRunner().invoke(main, ["inspect", str(zero)])
     assert r.exit_code == 1 and "not a regular file" in r.output, r.output
+
+
+def test_a_hugging_face_cache_snapshot_is_readable(models, tmp_path):
+    """huggingface_hub's cache: snapshots/<rev>/<file> are links to ../../blobs/<hash> (outside the folder)."""
+    import hashlib
+
+    from dsparkhub.checkpoint import open_checkpoint
+
+    _, step = models
+    repo = tmp_path / "hub" / "models--me--drafter"
+    snap = repo / "snapshots" / "abc123"
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in step.iterdir():
+        if f.is_file():
+            blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+            blob.write_bytes(f.read_bytes())
+            (snap / f.name).symlink_to(Path("../../blobs") / blob.name)
+    ck = open_checkpoint(snap)
+    assert ck.tensors and ck.config

@@ -162,3 +162,11 @@ def test_a_file_that_is_not_utf8_names_the_line(tmp_path):
     path.write_bytes(b'{"prompt": "a"}\n\xff\xfe{"prompt": "x"}\n')
     with pytest.raises(PromptFileError, match="line 2: not UTF-8"):
         read_jsonl(path)
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path):
+    from dsparkhub.verify.prompts import read_jsonl
+
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes("\ufeff".encode() + b'{"prompt": "a"}\n')
+    assert len(read_jsonl(path)) == 1

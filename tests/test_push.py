@@ -63,7 +63,7 @@ def validation(monkeypatch):
     report = _Report()
     calls = []
 
-    def fake(draft_dir, target):
+    def fake(draft_dir, target, endpoint=None, token=None):
         calls.append((Path(draft_dir), target))
         return report
 
@@ -546,3 +546,32 @@ def test_a_mistyped_local_target_folder_is_named_as_such(local_hub, tmp_path, mo
     assert "nothing was committed" not in str(err.value)
     with pytest.raises(HubError, match="cannot read the headers of nobody/sometarget"):
         open_target("nobody/sometarget")
+
+
+def test_pickle_and_training_state_names_are_matched_loosely(tmp_path):
+    draft = make_drafter(tmp_path / "draft")
+    for name in ("b.pickle", "c.PKL", "w.Bin"):
+        (draft / name).write_bytes(b"x")
+    left_out: list[str] = []
+    files = hub_mod.local_files(draft, left_out)
+    assert not {"b.pickle", "c.PKL", "w.Bin"} & set(files)
+    assert sorted(x.split(" ")[0] for x in left_out) == ["b.pickle", "c.PKL", "w.Bin"]
+
+
+def test_a_hub_target_is_read_from_the_push_endpoint(local_hub, tmp_path):
+    """`push --endpoint URL --target ns/name`: the target's headers come from URL (a second Hub here, not the
+    default one the fixture points huggingface_hub at) with the push's token."""
+    from huggingface_hub import HfApi
+
+    from dsparkhub.convert import convert
+    from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
+
+    target = make_qwen3_target(tmp_path / "target")
+    out = tmp_path / "conv"
+    convert(make_deepspec_drafter(tmp_path / "run", target), out, target)
+    with LocalHub(tmp_path / "hub2", tokens={TOKEN: "alice"}) as other:
+        api = HfApi(endpoint=other.url, token=TOKEN)
+        api.create_repo("alice/tgt")
+        api.upload_folder(folder_path=str(target), repo_id="alice/tgt")
+        report = push(out, "alice/conv", endpoint=other.url, token=TOKEN, target="alice/tgt", dry_run=True)
+    assert report.validation["ok"], report.validation

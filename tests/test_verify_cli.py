@@ -425,3 +425,25 @@ def test_prompts_longer_than_the_context_are_warned_about(setup):
     runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
                       validate_fn=no_validate, num_speculative_tokens=[2], max_new_tokens=4, warn=lines.append)
     assert lines == []
+
+
+def test_a_run_folder_is_measured_and_named_by_its_step(tmp_path):
+    run = tmp_path / "run"
+    step = make_drafter(run / "step_5")
+    (run / "step_latest").symlink_to("step_5")
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt_token_ids": [1, 2]}) + "\n")
+    res = runner.run_verify(run, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
+                            validate_fn=no_validate, num_speculative_tokens=[2])
+    assert res.drafter.id == str(step.resolve()) and res.drafter.fingerprint == checkpoint_fingerprint(step)
+
+
+def test_argument_errors_are_usage_errors(setup, tmp_path, cli_fake):
+    draft, target, prompts = setup
+    for extra in (["--method", "dflash"], ["--out", str(tmp_path)]):
+        res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--datasets", str(prompts),
+                                        "-n", "2", "--quiet", *extra])
+        assert res.exit_code == 2 and "Usage" in res.output and "_ArgError" not in res.output, res.output

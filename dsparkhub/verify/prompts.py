@@ -86,7 +86,7 @@ def read_jsonl(path: str | Path, *, source: str | None = None) -> list[PromptRec
                               hint="pass an existing JSONL file, NAME=PATH, builtin[:math|code|chat] or hub:owner/name")
     records = []
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a leading BOM (some editors write one) is not JSON
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[:exc.start].count(b"\n") + 1
         raise PromptFileError(f"{shown} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "

@@ -238,15 +238,19 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     """
     ns = sorted(set(int(n) for n in num_speculative_tokens))
     if not ns or ns[0] < 1 or len(ns) != len(list(num_speculative_tokens)):
-        raise _ArgError(f"num_speculative_tokens must be distinct positive integers, found "
+        raise VerifyArgumentError(f"num_speculative_tokens must be distinct positive integers, found "
                         f"{list(num_speculative_tokens)}")
     if temperature < 0:
-        raise _ArgError(f"temperature must be >= 0, found {temperature}")
+        raise VerifyArgumentError(f"temperature must be >= 0, found {temperature}")
     if max_new_tokens < 1:
-        raise _ArgError(f"max_new_tokens must be at least 1, found {max_new_tokens}")
+        raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {max_new_tokens}")
+    if Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
+        from ..checkpoint import resolve_step_dir
+
+        draft = resolve_step_dir(draft)
     draft, target = str(draft), str(target)
     if method is not None and method not in METHODS:
-        raise _ArgError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+        raise VerifyArgumentError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     try:
         detected = detect_method(draft)
     except DsparkhubError:
@@ -254,13 +258,17 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
             raise
         detected = None
     if method is not None and detected is not None and method != detected:
-        raise _ArgError(f"--method {method} but the drafter's config.json describes a {detected} drafter; the "
-                        f"results would be labelled {method} while the engine drafts as {detected}",
-                        hint="drop --method (it is read from the drafter), or fix the drafter's config")
+        raise VerifyArgumentError(f"--method {method} but the drafter's config.json describes a {detected} "
+                                  f"drafter; the results would be labelled {method} while the engine drafts as "
+                                  f"{detected}", hint="drop --method (it is read from the drafter), or fix the "
+                                                      "drafter's config")
     method = method or detected
-    if out is not None and (Path(out).is_dir() or (Path(out).parent.exists() and not Path(out).parent.is_dir())):
-        raise _ArgError(f"--out {out} is a folder (or lies under a file); the results file needs a file path",
-                        hint=f"e.g. --out {Path(out) / 'results.json'}")
+    if out is not None and (str(out) == "" or Path(out).is_dir()):
+        raise VerifyArgumentError(f"--out {str(out)!r} is a folder (or empty); the results file needs a file path",
+                                  hint=f"e.g. --out {Path(out or '.') / 'results.json'}")
+    if out is not None and Path(out).parent.exists() and not Path(out).parent.is_dir():
+        raise VerifyArgumentError(f"--out {out}: {Path(out).parent} is a file, not a folder",
+                                  hint="give a path in an existing (or new) folder")
     if check:
         # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
         served_name = backend == "vllm-serve" and not Path(target).is_dir()
@@ -310,5 +318,6 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     return results
 
 
-class _ArgError(DsparkhubError, ValueError):
-    """A verify argument is out of range (n values, temperature, max_new_tokens, method, results path)."""
+class VerifyArgumentError(DsparkhubError, ValueError):
+    """A verify argument is out of range (n values, temperature, max_new_tokens, method, results path); the CLI
+    reports it as a usage error (exit 2)."""
