@@ -272,35 +272,36 @@ def _entry(name: str, payload) -> tuple[str, list[int], int, object]:
     return code, shape, tensor.numel() * tensor.element_size(), tensor
 
 
-def _write_all(fd: int, data) -> None:
+def _write_all(fd: int, data, offset: int) -> None:
     view = memoryview(data).cast("B")
     while view:
-        view = view[os.write(fd, view):]
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
-def _copy_range(src: SourceBytes, dst_fd: int, name: str) -> None:
-    """Copy ``src``'s bytes to the current position of ``dst_fd`` inside the kernel (``os.copy_file_range``, as
-    ``cp`` does; read / write fallback where the filesystem refuses)."""
-    with open(src.path, "rb", buffering=0) as f:
-        pos, left = src.start, src.nbytes
-        use_cfr = hasattr(os, "copy_file_range")
-        while left:
-            n = 0
-            if use_cfr:
-                try:
-                    n = os.copy_file_range(f.fileno(), dst_fd, min(left, 1 << 30), pos)
-                except OSError:  # EXDEV on old kernels, EINVAL / ENOSYS on some filesystems
-                    use_cfr = False
-                    continue
-            else:
-                chunk = os.pread(f.fileno(), min(left, 8 << 20), pos)
-                _write_all(dst_fd, chunk)
-                n = len(chunk)
-            if n == 0:
-                raise CheckpointFormatError(f"tensor {name!r} is cut short by the end of its source file "
-                                            f"({left} of {src.nbytes} bytes missing)", path=src.path)
-            pos += n
-            left -= n
+def _copy_range(src: SourceBytes, src_fd: int, dst_fd: int, name: str, dst: int) -> None:
+    """Copy ``src``'s bytes (read through ``src_fd``) to offset ``dst`` of ``dst_fd`` inside the kernel
+    (``os.copy_file_range``, as ``cp`` does; read / write fallback where the filesystem refuses)."""
+    pos, left = src.start, src.nbytes
+    use_cfr = hasattr(os, "copy_file_range")
+    while left:
+        n = 0
+        if use_cfr:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, min(left, 1 << 30), pos, dst)
+            except OSError:  # EXDEV on old kernels, EINVAL / ENOSYS on some filesystems
+                use_cfr = False
+                continue
+        else:
+            chunk = os.pread(src_fd, min(left, 8 << 20), pos)
+            _write_all(dst_fd, chunk, dst)
+            n = len(chunk)
+        if n == 0:
+            raise CheckpointFormatError(f"tensor {name!r} is cut short by the end of its source file "
+                                        f"({left} of {src.nbytes} bytes missing)", path=src.path)
+        pos += n
+        dst += n
+        left -= n
 
 
 def _tensor_bytes(tensor):
@@ -336,18 +337,35 @@ def write_safetensors(path: Path, payloads: list[tuple[str, object]], metadata: 
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     head = struct.pack("<Q", len(raw)) + raw
+    starts = [len(head)]
+    for e in entries:
+        starts.append(starts[-1] + e[3])
+    # The layout above is fixed; the bytes are copied in the order they lie in their sources, so that a cold source
+    # is read front to back (as cp reads it) whatever order the output lists its tensors in.
+    order = sorted(range(len(entries)), key=lambda k: (entries[k][4].path, entries[k][4].start)
+                   if isinstance(entries[k][4], SourceBytes) else ("", k))
+    # one descriptor per source file for the whole shard: the kernel's read-ahead keeps growing along it (a fresh
+    # open per tensor restarts read-ahead at its smallest window, which halves cold-read speed for many tensors)
+    sources: dict[str, int] = {}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _write_all(fd, head)
+        _write_all(fd, head, 0)
         kill_point(f"wrote the header of {path.name}")
-        for name, _, _, nbytes, data in entries:
+        for k in order:
+            name, _, _, nbytes, data = entries[k]
             if isinstance(data, SourceBytes):
-                _copy_range(data, fd, name)
+                if data.path not in sources:
+                    sources[data.path] = os.open(data.path, os.O_RDONLY)
+                    if hasattr(os, "posix_fadvise"):
+                        os.posix_fadvise(sources[data.path], 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                _copy_range(data, sources[data.path], fd, name, starts[k])
             elif nbytes:
-                _write_all(fd, _tensor_bytes(data))
+                _write_all(fd, _tensor_bytes(data), starts[k])
             kill_point(f"wrote tensor {name} to {path.name}")
     finally:
         os.close(fd)
+        for src_fd in sources.values():
+            os.close(src_fd)
 
 
 def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], object]]], *,
