@@ -26,11 +26,7 @@ def make_qwen3_target(folder: str | Path, *, hidden: int = 32, layers: int = 4, 
                       kv_heads: int = 2, head_dim: int = 8, intermediate: int = 64, dtype=torch.bfloat16,
                       tie: bool = False, seed: int = 0) -> Path:
     """A Qwen3ForCausalLM-shaped target: HF names (``model.embed_tokens.weight``, ``lm_head.weight``, ...)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape):
-        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
-
+    r = _rand(torch.Generator().manual_seed(seed), dtype)
     t = {"model.embed_tokens.weight": r(vocab, hidden), "model.norm.weight": torch.ones(hidden, dtype=dtype)}
     if not tie:
         t["lm_head.weight"] = r(vocab, hidden)
@@ -42,10 +38,7 @@ def make_qwen3_target(folder: str | Path, *, hidden: int = 32, layers: int = 4, 
               p + "self_attn.o_proj.weight": r(hidden, heads * head_dim),
               p + "self_attn.q_norm.weight": torch.ones(head_dim, dtype=dtype),
               p + "self_attn.k_norm.weight": torch.ones(head_dim, dtype=dtype),
-              p + "mlp.gate_proj.weight": r(intermediate, hidden), p + "mlp.up_proj.weight": r(intermediate, hidden),
-              p + "mlp.down_proj.weight": r(hidden, intermediate),
-              p + "input_layernorm.weight": torch.ones(hidden, dtype=dtype),
-              p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=dtype)}
+              **_dense_mlp(p, r, hidden, intermediate, dtype)}
     config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
               "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
               "head_dim": head_dim, "intermediate_size": intermediate, "vocab_size": vocab, "hidden_act": "silu",
@@ -59,14 +52,10 @@ def make_qwen3_target(folder: str | Path, *, hidden: int = 32, layers: int = 4, 
 def qwen3_drafter_tensors(config: dict, *, target_layers: int, target_hidden: int, markov_rank: int,
                           confidence: bool, with_markov: bool, dtype, seed: int) -> dict[str, torch.Tensor]:
     """Random tensors of a Qwen3-backbone DSpark / DFlash drafter, vLLM / DeepSpec names (no embed / head)."""
-    g = torch.Generator().manual_seed(seed)
+    r = _rand(torch.Generator().manual_seed(seed), dtype)
     H, V = config["hidden_size"], config["vocab_size"]
     nh, nkv, hd, inter = (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"],
                           config["intermediate_size"])
-
-    def r(*shape):
-        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
-
     t = {"fc.weight": r(H, target_layers * target_hidden), "hidden_norm.weight": torch.ones(H, dtype=dtype),
          "norm.weight": torch.ones(H, dtype=dtype)}
     for i in range(config["num_hidden_layers"]):
@@ -75,9 +64,7 @@ def qwen3_drafter_tensors(config: dict, *, target_layers: int, target_hidden: in
               p + "self_attn.v_proj.weight": r(nkv * hd, H), p + "self_attn.o_proj.weight": r(H, nh * hd),
               p + "self_attn.q_norm.weight": torch.ones(hd, dtype=dtype),
               p + "self_attn.k_norm.weight": torch.ones(hd, dtype=dtype),
-              p + "mlp.gate_proj.weight": r(inter, H), p + "mlp.up_proj.weight": r(inter, H),
-              p + "mlp.down_proj.weight": r(H, inter), p + "input_layernorm.weight": torch.ones(H, dtype=dtype),
-              p + "post_attention_layernorm.weight": torch.ones(H, dtype=dtype)}
+              **_dense_mlp(p, r, H, inter, dtype)}
     if markov_rank:
         t["markov_head.markov_w1.weight"] = r(V, markov_rank)
         t["markov_head.markov_w2.weight"] = r(V, markov_rank)
@@ -158,6 +145,19 @@ def _rand(g, dtype):
     def r(*shape):
         return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
     return r
+
+
+QWEN3_NORMS = ("input_layernorm", "post_attention_layernorm")
+GEMMA4_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                "post_feedforward_layernorm")
+
+
+def _dense_mlp(p: str, r, hidden: int, inter: int, dtype, norms: tuple[str, ...] = QWEN3_NORMS) -> dict:
+    """One decoder layer's SwiGLU MLP (``mlp.{gate,up,down}_proj.weight``, random from ``r`` in that order) and its
+    RMSNorm weights (ones, [hidden]), under prefix ``p``."""
+    return {p + "mlp.gate_proj.weight": r(inter, hidden), p + "mlp.up_proj.weight": r(inter, hidden),
+            p + "mlp.down_proj.weight": r(hidden, inter),
+            **{p + n + ".weight": torch.ones(hidden, dtype=dtype) for n in norms}}
 
 
 def draft_vocab_table(vocab: int, draft_vocab: int, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,10 +241,8 @@ def make_eagle3_drafter(folder: str | Path, target: str | Path, *, aux_hidden_st
          "fc.weight": r(H, len(aux_hidden_state_layer_ids) * H), "norm.weight": torch.ones(H, dtype=dtype),
          p + "self_attn.q_proj.weight": r(nh * hd, 2 * H), p + "self_attn.k_proj.weight": r(nkv * hd, 2 * H),
          p + "self_attn.v_proj.weight": r(nkv * hd, 2 * H), p + "self_attn.o_proj.weight": r(H, nh * hd),
-         p + "mlp.gate_proj.weight": r(inter, H), p + "mlp.up_proj.weight": r(inter, H),
-         p + "mlp.down_proj.weight": r(H, inter), p + "input_layernorm.weight": torch.ones(H, dtype=dtype),
-         p + "hidden_norm.weight": torch.ones(H, dtype=dtype),
-         p + "post_attention_layernorm.weight": torch.ones(H, dtype=dtype), "lm_head.weight": r(Vd, H)}
+         **_dense_mlp(p, r, H, inter, dtype), p + "hidden_norm.weight": torch.ones(H, dtype=dtype),
+         "lm_head.weight": r(Vd, H)}
     if Vd < V:
         t["d2t"], t["t2d"] = draft_vocab_table(V, Vd, seed)
     layer_cfg = {k: v for k, v in tcfg.items() if k not in ("architectures", "tie_word_embeddings")}
@@ -292,11 +290,7 @@ def make_gemma4_target(folder: str | Path, *, hidden: int = 32, layers: int = 4,
               p + "self_attn.o_proj.weight": r(hidden, heads * head_dim),
               p + "self_attn.q_norm.weight": torch.ones(head_dim, dtype=dtype),
               p + "self_attn.k_norm.weight": torch.ones(head_dim, dtype=dtype),
-              p + "mlp.gate_proj.weight": r(intermediate, hidden), p + "mlp.up_proj.weight": r(intermediate, hidden),
-              p + "mlp.down_proj.weight": r(hidden, intermediate)}
-        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                  "post_feedforward_layernorm"):
-            t[p + n + ".weight"] = torch.ones(hidden, dtype=dtype)
+              **_dense_mlp(p, r, hidden, intermediate, dtype, GEMMA4_NORMS)}
     text = {"model_type": "gemma4_text", "hidden_size": hidden, "num_hidden_layers": layers,
             "num_attention_heads": heads, "num_key_value_heads": kv_heads, "num_global_key_value_heads": kv_heads,
             "head_dim": head_dim, "global_head_dim": head_dim, "intermediate_size": intermediate,
@@ -334,11 +328,7 @@ def make_deepspec_gemma4_drafter(folder: str | Path, target: str | Path, *, laye
               p + "self_attn.o_proj.weight": r(H, nh * hd),
               p + "self_attn.q_norm.weight": torch.ones(hd, dtype=emb.dtype),
               p + "self_attn.k_norm.weight": torch.ones(hd, dtype=emb.dtype),
-              p + "mlp.gate_proj.weight": r(inter, H), p + "mlp.up_proj.weight": r(inter, H),
-              p + "mlp.down_proj.weight": r(H, inter)}
-        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                  "post_feedforward_layernorm"):
-            t[p + n + ".weight"] = torch.ones(H, dtype=emb.dtype)
+              **_dense_mlp(p, r, H, inter, emb.dtype, GEMMA4_NORMS)}
     cfg = dict(text)
     cfg.update({"architectures": ["Gemma4DSparkModel"], "num_hidden_layers": layers,
                 "num_target_layers": text["num_hidden_layers"], "block_size": block_size, "mask_token_id": 4,
@@ -375,10 +365,7 @@ def make_k3_dspark_drafter(folder: str | Path, *, hidden: int = 32, layers: int 
               p + "self_attn.kv_a_layernorm.weight": torch.ones(kv_lora, dtype=bf),
               p + "self_attn.kv_b_proj.weight": r(heads * (nope + v_head), kv_lora),
               p + "self_attn.o_proj.weight": r(hidden, heads * v_head),
-              p + "mlp.gate_proj.weight": r(intermediate, hidden), p + "mlp.up_proj.weight": r(intermediate, hidden),
-              p + "mlp.down_proj.weight": r(hidden, intermediate),
-              p + "input_layernorm.weight": torch.ones(hidden, dtype=bf),
-              p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=bf)}
+              **_dense_mlp(p, r, hidden, intermediate, bf)}
     cfg = {"architectures": ["K3DSparkModel"], "model_type": "k3_dspark", "hidden_size": hidden,
            "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
            "num_key_value_heads": heads, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora, "qk_nope_head_dim": nope,
