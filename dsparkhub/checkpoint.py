@@ -255,10 +255,10 @@ def read_header(path: str | Path, *, name: str | None = None) -> tuple[dict[str,
     try:
         return parse_header_bytes(raw, file=name or path.name, data_size=size - 8 - n)
     except CheckpointFormatError as exc:
-        if exc.path == (name or path.name):  # name the whole path: drafter and target shards share base names
-            exc.path = str(path)
-            exc.args = (str(exc),)
-        raise
+        if exc.path != (name or path.name):
+            raise
+        # name the whole path: a drafter's and a target's shards share base names
+        raise CheckpointFormatError(exc.message, path=path, hint=exc.hint) from None
 
 
 def _refuse_special(path: Path) -> None:

@@ -61,6 +61,13 @@ def handle_errors(fn):
     return wrapper
 
 
+def _hide_transformers_progress() -> None:
+    """--quiet: also hide transformers' own "Loading weights" bar."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def echo_json(obj) -> None:
     """Print ``obj`` as indented JSON on stdout."""
     click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
@@ -467,9 +474,7 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
     from .verify.runner import VerifyArgumentError, run_verify
 
     if quiet:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # transformers' own "Loading weights" bar
+        _hide_transformers_progress()
 
     try:
         results = run_verify(draft, target, backend=backend, num_speculative_tokens=ns, datasets=list(datasets),
@@ -658,9 +663,7 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     from .verify.runner import run_verify
 
     if quiet:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # transformers' own "Loading weights" bar
+        _hide_transformers_progress()
 
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)

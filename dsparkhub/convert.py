@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .checkpoint import pickle_weight_files, resolve_step_dir
+from .checkpoint import _expected_nbytes, pickle_weight_files, resolve_step_dir
 from .errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
 from .hashing import sha256_file, sha256_files
 from .recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
@@ -88,8 +88,6 @@ class ConversionPlan:
     @property
     def out_bytes(self) -> int:
         """Bytes of tensor data that will be written."""
-        from .checkpoint import _expected_nbytes
-
         spec = self.draft.spec
         derived = sum(_derived_nbytes(spec, d.name) for d in self.derived)
         reduced = sum(_expected_nbytes(*self.computed[d.name][:2]) for d in self.reduced)
@@ -332,8 +330,6 @@ def _reduce_vocab(d: OpenedDraft, t: TargetSpec | None, recipe: Recipe, dv) -> d
 
 
 def _derived_nbytes(spec, name: str) -> int:
-    from .checkpoint import _expected_nbytes
-
     dtype, shape = DERIVED_TENSORS[name][2](spec)
     return _expected_nbytes(dtype, shape)
 
@@ -419,8 +415,6 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         return lambda: fn(d.spec, lambda n: loader(d.spec.tensors[n])())
 
     items += [(x.out_name, _derived_nbytes(d.spec, x.name), derive(x.name)) for x in plan.derived]
-    from .checkpoint import _expected_nbytes
-
     items += [(x.out_name, _expected_nbytes(*plan.computed[x.name][:2]), plan.computed[x.name][2])
               for x in plan.reduced]
     with atomic_output(out, overwrite=overwrite) as tmp:

@@ -257,11 +257,6 @@ def _hub_error(exc: BaseException, action: str, repo_id: str, token: str | None,
                ) -> HubError:
     """Map a huggingface_hub / transport error to a HubError with a hint (the original stays as ``__cause__``).
     ``reading``: the failed call only read (a target's headers), so the push wording is left out."""
-    if reading and isinstance(exc, (httpx2.TransportError, RuntimeError)) and _status(exc) is None:
-        detail = _redactor(token)(" ".join(str(exc).split()))[:600]
-        return HubError(f"cannot {action}: network error talking to the Hub ({detail})",
-                        hint="check the connection (or --endpoint / HF_ENDPOINT); a local folder is read when it "
-                             "exists")
     r = _redactor(token)
     detail = r(" ".join(str(exc).split()))[:600]
     status = _status(exc)
@@ -292,6 +287,10 @@ def _hub_error(exc: BaseException, action: str, repo_id: str, token: str | None,
         return HubError(f"cannot {action}: Hub server error (HTTP {status}); nothing was committed. {detail}",
                         hint="retry later; LFS objects already uploaded are kept and not sent again")
     if isinstance(exc, (httpx2.TransportError, RuntimeError)):
+        if reading:
+            return HubError(f"cannot {action}: network error talking to the Hub ({detail})",
+                            hint="check the connection (or --endpoint / HF_ENDPOINT); a local folder is read when "
+                                 "it exists")
         return HubError(f"cannot {action}: network error talking to the Hub ({detail}); nothing was committed",
                         hint="check the connection / --endpoint and run the push again; it resumes (LFS objects "
                              "already uploaded are skipped)")

@@ -281,15 +281,14 @@ def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:
                         location=f"{cfg_file} key {key}", expected=spec.num_layers, found=declared,
                         hint="vLLM's DSpark path counts stages from the checkpoint, not from this key")
     numbering = d.recipe.data.get("target_layer_ids_numbering")
+    keys = d.recipe.read_keys("target_layer_ids")
     if numbering == "hidden_state_index" and -1 in spec.target_layer_ids:
-        keys = d.recipe.read_keys("target_layer_ids")
         out.add("DSH308", "hidden-state index 0 (the embedding output) is among the target layer ids; in this "
                 "layout ids are layer index + 1", location=f"{cfg_file} key {keys[0] if keys else '?'}",
                 found=[i + 1 for i in spec.target_layer_ids],
                 hint=f"if the ids were copied from a layer-index config, add 1 to each: "
                      f"{[i + 2 for i in spec.target_layer_ids]}")
     elif -1 in spec.target_layer_ids:
-        keys = d.recipe.read_keys("target_layer_ids")
         out.add("DSH308", "layer id -1 (the embedding output) is among the target layer ids: hidden-state indices "
                 "converted to layer indices twice? (a one-layer shift keeps τ almost unchanged, so verify will not "
                 "show it)", location=f"{cfg_file} key {keys[0] if keys else '?'}", found=spec.target_layer_ids,

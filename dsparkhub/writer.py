@@ -104,7 +104,7 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
                 os.rename(old, out)
             raise OutputExistsError(f"could not move the finished output into place: {exc.strerror}",
                                     path=out) from None
-        _fsync_dir(out.parent)
+        _fsync(out.parent, os.O_DIRECTORY)
         kill_point(f"moved {tmp.name} to {out.name}")
         if old is not None:
             if old.is_symlink() or not old.is_dir():  # rmtree refuses links (and files): unlink, never follow
@@ -177,16 +177,8 @@ def _remove_dead_temps(out: Path) -> None:
             pass
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _fsync(path: Path, flags: int = 0) -> None:
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
@@ -199,7 +191,7 @@ def background_flush():
     leaving the block waits for every flush (and raises the first error)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = []
-        yield lambda path: pending.append(pool.submit(_fsync_file, Path(path)))
+        yield lambda path: pending.append(pool.submit(_fsync, Path(path)))
         for f in pending:
             f.result()
 
@@ -214,8 +206,8 @@ def _fsync_tree(folder: Path) -> None:
             p = Path(root) / name
             st = p.lstat()
             if not p.is_symlink() and st.st_nlink == 1:
-                _fsync_file(p)
-        _fsync_dir(Path(root))
+                _fsync(p)
+        _fsync(Path(root), os.O_DIRECTORY)
 
 
 def write_json(path: str | Path, data: dict, *, indent: int | None = 2) -> None:

@@ -495,6 +495,11 @@ def sync_files(paths) -> None:
             os.close(fd)
 
 
+def median_run(runs: list[Run]) -> Run:
+    """The run with the median wall time (the upper one of an even count)."""
+    return sorted(runs, key=lambda r: r.wall)[len(runs) // 2]
+
+
 def timed_shell(cmd: list[str], out_dir: Path | None = None, cold: list[Path] = ()) -> Run:
     """Run ``cmd`` with ``cold`` files evicted from the page cache first; fsync what it wrote under ``out_dir``
     (included in the time). Pending writes and deletions of earlier steps are flushed first (``sync``: on a disk
@@ -544,8 +549,7 @@ def bench_convert(work: Path, size: str) -> None:
         shutil.rmtree(out_cp, ignore_errors=True), shutil.rmtree(out_cv, ignore_errors=True)
         cps.append(runs["cp"])
         cvs.append(runs["convert"])
-    best_cp = sorted(cps, key=lambda r: r.wall)[len(cps) // 2]
-    best_cv = sorted(cvs, key=lambda r: r.wall)[len(cvs) // 2]
+    best_cp, best_cv = median_run(cps), median_run(cvs)
     best_cv.maxrss = max(r.maxrss for r in cvs)
     ratio = (nbytes / best_cv.wall) / (nbytes / best_cp.wall)
     # convert's CPU work is one sha256 pass over the source files (for provenance, on a second thread) plus the
@@ -757,8 +761,7 @@ def bench_attach(work: Path, size: str) -> None:
         at.wall += time.perf_counter() - t0
         cps.append(cp)
         ats.append(at)
-    best_cp = sorted(cps, key=lambda r: r.wall)[len(cps) // 2]
-    best_at = sorted(ats, key=lambda r: r.wall)[len(ats) // 2]
+    best_cp, best_at = median_run(cps), median_run(ats)
     resident = sum(resident_bytes(p, skip[p]) for p in shards)
     read_ahead = int(Path("/sys/block/vda/queue/read_ahead_kb").read_text()) * 1024 \
         if Path("/sys/block/vda/queue/read_ahead_kb").exists() else 128 << 10
