@@ -39,7 +39,8 @@ from .errors import (CheckpointFormatError, ConversionRefusedError, LayoutError,
 from .hashing import sha256_file
 from .recipes import OpenedDraft, get_recipe, open_draft
 from .target import target_from_checkpoint
-from .writer import SourceBytes, atomic_output, background_flush, refuse_overlap, write_json, write_safetensors
+from .writer import (SourceBytes, atomic_output, background_flush, refuse_overlap, write_file, write_json,
+                     write_safetensors, write_shards)
 
 ATTACH_RECORD = "dsparkhub_attach.json"
 DRAFT_SHARD = "model-dspark-{k:05d}-of-{n:05d}.safetensors"
@@ -131,18 +132,6 @@ def _drafter_layout(d: OpenedDraft) -> dict:
         files[f] = {"header_b64": base64.b64encode(header).decode(),
                     "tensors": [i.name for i in sorted(by_file.get(f, []), key=lambda i: i.start)]}
     return {"files": files, "index": ck.index}
-
-
-def _copy_range(src: Path, start: int, nbytes: int, dst) -> None:
-    with open(src, "rb") as f:
-        f.seek(start)
-        left = nbytes
-        while left:
-            chunk = f.read(min(left, 8 << 20))
-            if not chunk:
-                raise CheckpointFormatError(f"file ends before byte {start + nbytes}", path=src)
-            dst.write(chunk)
-            left -= len(chunk)
 
 
 def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout: str | None = None,
@@ -345,8 +334,6 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
         OutputExistsError: ``out`` exists (without ``overwrite``), or is, holds or lies in ``attached``.
         CheckpointNotFoundError: see the reader.
     """
-    from safetensors import safe_open
-
     attached = Path(attached)
     refuse_overlap(out, {"attached checkpoint": attached})
     ck = open_checkpoint(attached)
@@ -354,15 +341,13 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
     bytes_read = 0
     if not record_path.exists():
         d = open_draft(attached, layout="deepseek-v4")
-        from .writer import write_shards
 
-        def load(info):
-            def f():
-                with safe_open(str(ck.file_path(info)), framework="pt") as r:
-                    return r.get_tensor(info.name)
-            return f
+        def raw(info):  # streamed file to file by the kernel: no tensor enters memory
+            return lambda: SourceBytes(str(ck.file_path(info)), info.start, info.nbytes, info.dtype, info.shape)
 
-        items = [(d.spec.source_names[c], i.nbytes, load(i)) for c, i in sorted(d.spec.tensors.items())]
+        # in the order the tensors lie in the target's shards: the copies then coalesce into a few long ranges
+        tensors = sorted(d.spec.tensors.items(), key=lambda kv: (str(ck.file_path(kv[1])), kv[1].start))
+        items = [(d.spec.source_names[c], i.nbytes, raw(i)) for c, i in tensors]
         with atomic_output(out, overwrite=overwrite) as tmp:
             files = write_shards(tmp, items, max_shard_bytes=DEFAULT_SHARD_BYTES)
             shutil.copyfile(attached / "config.json", tmp / "config.json")
@@ -383,22 +368,22 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
         for fname, entry in files.items():
             header = base64.b64decode(entry["header_b64"])
             infos, _ = parse_header_bytes(header, file=fname, data_size=None)
+            copies = []
+            for name in entry["tensors"]:  # data order of the original file
+                where = source_to_layout.get(name) or from_target.get(name)
+                if where is None:
+                    raise CheckpointFormatError(f"{ATTACH_RECORD}: drafter tensor {name!r} is neither attached "
+                                                "nor taken from the target", path=attached)
+                info, orig = ck.tensors[where], infos[name]
+                if (info.dtype, info.shape) != (orig.dtype, orig.shape):
+                    raise CheckpointFormatError(
+                        f"attached tensor {where!r} is {info.dtype} {list(info.shape)} but the drafter's "
+                        f"{name!r} was {orig.dtype} {list(orig.shape)}", path=attached)
+                copies.append((SourceBytes(str(ck.file_path(info)), info.start, info.nbytes, info.dtype,
+                                           info.shape), orig.start, name))
+                bytes_read += info.nbytes
             (tmp / fname).parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp / fname, "wb") as fh:
-                fh.write(struct.pack("<Q", len(header)))
-                fh.write(header)
-                for name in entry["tensors"]:  # data order of the original file
-                    where = source_to_layout.get(name) or from_target.get(name)
-                    if where is None:
-                        raise CheckpointFormatError(f"{ATTACH_RECORD}: drafter tensor {name!r} is neither attached "
-                                                    "nor taken from the target", path=attached)
-                    info, orig = ck.tensors[where], infos[name]
-                    if (info.dtype, info.shape) != (orig.dtype, orig.shape):
-                        raise CheckpointFormatError(
-                            f"attached tensor {where!r} is {info.dtype} {list(info.shape)} but the drafter's "
-                            f"{name!r} was {orig.dtype} {list(orig.shape)}", path=attached)
-                    _copy_range(ck.file_path(info), info.start, info.nbytes, fh)
-                    bytes_read += info.nbytes
+            write_file(tmp / fname, struct.pack("<Q", len(header)) + header, copies)
         if drafter["files"].get("index") is not None:
             write_json(tmp / INDEX_NAME, drafter["files"]["index"])
         if isinstance(drafter.get("config_text"), str):

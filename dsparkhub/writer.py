@@ -30,6 +30,10 @@ from pathlib import Path
 from .errors import CheckpointFormatError, OutputExistsError
 
 SHARD_SLACK = 256 << 20
+#: bytes copied per step; each step's output is handed to the kernel's write-back at once (see _copy_range)
+COPY_STEP = 128 << 20
+#: smallest step handed to write-back on its own (the read / write fallback copies 8 MiB at a time)
+_WRITE_BEHIND_MIN = 8 << 20
 _KILL_COUNT = 0
 
 
@@ -271,16 +275,22 @@ def _write_all(fd: int, data, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-def _copy_range(src: SourceBytes, src_fd: int, dst_fd: int, name: str, dst: int) -> None:
+def _copy_range(src: SourceBytes, src_fd: int, dst_fd: int, what: str, dst: int) -> None:
     """Copy ``src``'s bytes (read through ``src_fd``) to offset ``dst`` of ``dst_fd`` inside the kernel
-    (``os.copy_file_range``, as ``cp`` does; read / write fallback where the filesystem refuses)."""
+    (``os.copy_file_range``, as ``cp`` does; read / write fallback where the filesystem refuses).
+
+    Write-behind: every :data:`COPY_STEP` bytes copied are handed to write-back at once (``posix_fadvise``
+    ``DONTNEED`` starts it without waiting, the fallback PostgreSQL's ``pg_flush_data`` uses where
+    ``sync_file_range`` is missing), so the disk writes while the next step is copied and the final ``fsync`` finds
+    little left to do. Measured on the full-size convert benchmark: 0.4 to 1 s less on a 3.1 GB drafter.
+    """
     pos, left = src.start, src.nbytes
     use_cfr = hasattr(os, "copy_file_range")
     while left:
         n = 0
         if use_cfr:
             try:
-                n = os.copy_file_range(src_fd, dst_fd, min(left, 1 << 30), pos, dst)
+                n = os.copy_file_range(src_fd, dst_fd, min(left, COPY_STEP), pos, dst)
             except OSError:  # EXDEV on old kernels, EINVAL / ENOSYS on some filesystems
                 use_cfr = False
                 continue
@@ -289,8 +299,10 @@ def _copy_range(src: SourceBytes, src_fd: int, dst_fd: int, name: str, dst: int)
             _write_all(dst_fd, chunk, dst)
             n = len(chunk)
         if n == 0:
-            raise CheckpointFormatError(f"tensor {name!r} is cut short by the end of its source file "
-                                        f"({left} of {src.nbytes} bytes missing)", path=src.path)
+            raise CheckpointFormatError(f"the source file ends before the end of {what} ({left} of "
+                                        f"{src.nbytes} bytes missing)", path=src.path)
+        if n >= _WRITE_BEHIND_MIN and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(dst_fd, dst, n, os.POSIX_FADV_DONTNEED)
         pos += n
         dst += n
         left -= n
@@ -302,25 +314,96 @@ def _tensor_bytes(tensor):
     return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
+def _layout(entries: list[tuple]) -> list[tuple]:
+    """Order of the tensors' data in a new file: copies in the order they lie in their sources, then computed
+    tensors by decreasing element size, when that keeps every tensor aligned to its element size (then a shard that
+    renames the tensors of one source file copies its data as a few large ranges, like ``cp``); otherwise decreasing
+    element size throughout, as the ``safetensors`` library does (stable: the given order kept within a size)."""
+    from .checkpoint import DTYPE_BITS
+
+    copies = sorted((e for e in entries if isinstance(e[4], SourceBytes)), key=lambda e: (e[4].path, e[4].start))
+    computed = sorted((e for e in entries if not isinstance(e[4], SourceBytes)), key=lambda e: -DTYPE_BITS[e[1]])
+    offset = 0
+    for e in copies + computed:
+        if offset % max(1, DTYPE_BITS[e[1]] // 8):
+            return sorted(entries, key=lambda e: -DTYPE_BITS[e[1]])
+        offset += e[3]
+    return copies + computed
+
+
+def _coalesce(copies: list[tuple[SourceBytes, int, str]]) -> list[tuple[SourceBytes, int, list[str]]]:
+    """Sort ``(source range, output offset, tensor name)`` copies by source position (a cold source is then read
+    front to back, as ``cp`` reads it) and merge those that follow each other both in one source file and in the
+    output into ``(range, output offset, names)`` runs: a shard that renames the tensors of one source file is
+    copied as one range."""
+    runs: list[tuple[SourceBytes, int, list[str]]] = []
+    for src, dst, name in sorted(copies, key=lambda c: (c[0].path, c[0].start)):
+        if runs:
+            last, last_dst, names = runs[-1]
+            if last.path == src.path and last.start + last.nbytes == src.start and last_dst + last.nbytes == dst:
+                runs[-1] = (SourceBytes(src.path, last.start, last.nbytes + src.nbytes, "U8", ()), last_dst,
+                            names + [name])
+                continue
+        runs.append((src, dst, [name]))
+    return runs
+
+
+def write_file(path: Path, head: bytes, copies: list[tuple[SourceBytes, int, str]],
+               writes: Iterable[tuple[str, int, object]] = ()) -> None:
+    """Create ``path`` from a header and tensor data placed at fixed offsets.
+
+    Args:
+        path: the file to create (truncated if it exists).
+        head: bytes written at offset 0 (a safetensors file's length prefix and JSON header).
+        copies: ``(source range, offset in path, tensor name)``; copied by the kernel (:func:`_copy_range`),
+            coalesced into runs (:func:`_coalesce`), one descriptor per source file for the whole file (a fresh open
+            per tensor restarts the kernel's read-ahead at its smallest window, which halves cold-read speed).
+        writes: ``(tensor name, offset in path, torch.Tensor)`` for computed tensors.
+
+    Raises:
+        CheckpointFormatError: a source file ends before a range it should hold.
+    """
+    sources: dict[str, int] = {}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, head, 0)
+        kill_point(f"wrote the header of {path.name}")
+        for src, dst, names in _coalesce(copies):
+            if src.path not in sources:
+                sources[src.path] = os.open(src.path, os.O_RDONLY)
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(sources[src.path], 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            what = f"tensor {names[0]!r}" if len(names) == 1 else f"tensors {names[0]!r} to {names[-1]!r}"
+            _copy_range(src, sources[src.path], fd, what, dst)
+            for name in names:
+                kill_point(f"wrote tensor {name} to {path.name}")
+        for name, dst, tensor in writes:
+            if tensor.numel():
+                _write_all(fd, _tensor_bytes(tensor), dst)
+            kill_point(f"wrote tensor {name} to {path.name}")
+    finally:
+        os.close(fd)
+        for src_fd in sources.values():
+            os.close(src_fd)
+
+
 def write_safetensors(path: Path, payloads: list[tuple[str, object]], metadata: dict[str, str]) -> None:
     """Write one safetensors file from ``(name, torch.Tensor | SourceBytes)`` pairs.
 
     Format (safetensors spec): 8-byte little-endian header length, JSON header padded with spaces to a multiple of
-    8, then the data. Tensors are laid out by decreasing element size, as the ``safetensors`` library does, so every
-    tensor's data is aligned to its element size.
+    8, then the data, with no holes. Every tensor's data is aligned to its element size: copies keep their sources'
+    order where that allows it (:func:`_layout`), so the bytes of consecutive tensors are copied as one range;
+    otherwise tensors are laid out by decreasing element size, as the ``safetensors`` library does.
 
     Args:
         path: the file to create (truncated if it exists).
-        payloads: tensors in output order.
+        payloads: ``(name, tensor)`` pairs; the header lists them in data order.
         metadata: ``__metadata__`` (strings only).
 
     Raises:
         CheckpointFormatError: a source is cut short, or a tensor's dtype has no safetensors code.
     """
-    from .checkpoint import DTYPE_BITS
-
-    entries = [(name, *_entry(name, p)) for name, p in payloads]
-    entries.sort(key=lambda e: -DTYPE_BITS[e[1]])  # stable: output order kept within an element size
+    entries = _layout([(name, *_entry(name, p)) for name, p in payloads])
     header: dict = {"__metadata__": metadata}
     offset = 0
     for name, dtype, shape, nbytes, _ in entries:
@@ -329,35 +412,14 @@ def write_safetensors(path: Path, payloads: list[tuple[str, object]], metadata: 
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     head = struct.pack("<Q", len(raw)) + raw
-    starts = [len(head)]
-    for e in entries:
-        starts.append(starts[-1] + e[3])
-    # The layout above is fixed; the bytes are copied in the order they lie in their sources, so that a cold source
-    # is read front to back (as cp reads it) whatever order the output lists its tensors in.
-    order = sorted(range(len(entries)), key=lambda k: (entries[k][4].path, entries[k][4].start)
-                   if isinstance(entries[k][4], SourceBytes) else ("", k))
-    # one descriptor per source file for the whole shard: the kernel's read-ahead keeps growing along it (a fresh
-    # open per tensor restarts read-ahead at its smallest window, which halves cold-read speed for many tensors)
-    sources: dict[str, int] = {}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, head, 0)
-        kill_point(f"wrote the header of {path.name}")
-        for k in order:
-            name, _, _, nbytes, data = entries[k]
-            if isinstance(data, SourceBytes):
-                if data.path not in sources:
-                    sources[data.path] = os.open(data.path, os.O_RDONLY)
-                    if hasattr(os, "posix_fadvise"):
-                        os.posix_fadvise(sources[data.path], 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                _copy_range(data, sources[data.path], fd, name, starts[k])
-            elif nbytes:
-                _write_all(fd, _tensor_bytes(data), starts[k])
-            kill_point(f"wrote tensor {name} to {path.name}")
-    finally:
-        os.close(fd)
-        for src_fd in sources.values():
-            os.close(src_fd)
+    copies, writes, at = [], [], len(head)
+    for name, _, _, nbytes, data in entries:
+        if isinstance(data, SourceBytes):
+            copies.append((data, at, name))
+        else:
+            writes.append((name, at, data))
+        at += nbytes
+    write_file(path, head, copies, writes)
 
 
 def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], object]]], *,
