@@ -4,7 +4,8 @@
 Usage::
 
     python scripts/bench.py all --size small        # every benchmark, ~200 MB of real bytes (minutes)
-    python scripts/bench.py all --size full         # real scale: 1T-param Kimi skeleton, 3 GB drafter (needs ~10 GB)
+    python scripts/bench.py all --size full         # real scale: 1T-param Kimi skeleton, 3 GB and 11 GB drafters
+                                                    # (needs ~40 GB free)
     python scripts/bench.py validate|convert|attach|hash|push|verify --size tiny|small|full [--workdir DIR]
 
 Targets (issue 6; "PASS"/"MISS" is printed beside each):
@@ -15,15 +16,18 @@ Targets (issue 6; "PASS"/"MISS" is printed beside each):
 - convert of a drafter holding real random bytes: throughput >= 0.8x ``cp`` of the same files on the same disk;
   peak RSS <= 2x the largest tensor + 300 MB;
 - attach into a DeepSeek-V4-Flash-sized target skeleton (sparse): time <= 1.2x writing the drafter alone, zero
-  bytes of the target read or written;
+  bytes of the target read or written; at full size the drafter has the real V4-Flash drafter's geometry (3 stages,
+  4,704 tensors, ~11 GB), and a 1 GB drafter shows the fixed cost separately;
 - hashing: >= 0.9x ``sha256sum`` of the same files; both cores used when there are several files;
 - push re-run of an unchanged release against the local Hub: 0 bytes uploaded, time dominated by hashing;
 - reference verify: measured speedup >= 0.9x what L = (T_draft + T_verify) / τ predicts from its own step times.
 
 Timings are wall clock of child processes started through ``/usr/bin/time`` (their own peak RSS and CPU seconds;
 a child forked straight from this process would inherit its RSS high-water mark). Baselines run interleaved with
-the measured command, best of 2-3 each. Copy benchmarks evict their source files from the page cache
-(``posix_fadvise``) and fsync what was written, for baseline and tool alike. Skeletons are sparse files: a real
+the measured command, best of 2-3 each (median of 5 for the copy benchmarks). Copy benchmarks evict their source
+files from the page cache (``posix_fadvise``), empty the whole page cache first when run as root (a cache full of
+other files makes every run pay for reclaim, and varied cp's own time by up to 2x), and fsync what was written, for
+baseline and tool alike. Skeletons are sparse files: a real
 safetensors header followed by a hole, so a 1T-parameter checkpoint costs a few MB of disk; the headline targets come
 from ``dsparkhub.skeleton`` (``manifests/targets/*.yaml``) when it is available.
 
@@ -449,17 +453,7 @@ def bench_validate(work: Path, size: str) -> None:
     report("validate", f"inspect real-size Kimi drafter ({fmt_b(dir_bytes(draft))}): {i.wall:.3f} s wall / "
            f"{i.cpu:.2f} s CPU, peak RSS {fmt_b(i.maxrss)}", base, fast_enough(i, 0.5) and i.maxrss < 200e6)
 
-    v4 = None
-    if size != "tiny":
-        v4 = work / "deepseek-v4-flash-dspark-skeleton"
-        if not (v4 / "config.json").exists():
-            try:
-                from dsparkhub.skeleton import write_skeleton as manifest_write
-
-                manifest_write("deepseek-v4-flash", v4, with_drafter=True)
-            except Exception as exc:  # optional: needs helper E's skeleton module and manifest
-                print(f"  (V4-Flash skeleton with drafter unavailable: {type(exc).__name__}: {exc})")
-                v4 = None
+    v4 = v4_attached_skeleton(work) if size != "tiny" else None
     if v4 is not None:
         ns, nt, nb = describe(v4)
         j = best_of(reps, dsparkhub_cli("inspect", v4))
@@ -500,12 +494,36 @@ def median_run(runs: list[Run]) -> Run:
     return sorted(runs, key=lambda r: r.wall)[len(runs) // 2]
 
 
+EMPTY_CACHE = True
+
+
+def drop_page_cache() -> bool:
+    """Empty the whole page cache (``/proc/sys/vm/drop_caches``, root only) so that every timed run starts from
+    the same memory state: with the cache full of other files, the kernel must reclaim pages while a run copies,
+    which costs CPU and varied cp's own time by up to 2x here. Returns False (and does nothing) without the
+    permission (or at size tiny); the source files are still evicted one by one (:func:`drop_caches_of`)."""
+    if not EMPTY_CACHE:
+        return False
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def cache_note() -> str:
+    emptied = EMPTY_CACHE and os.access("/proc/sys/vm/drop_caches", os.W_OK)
+    return ("page cache emptied before each timed run" if emptied
+            else "source evicted from the page cache before each timed run (not root: the rest of the cache stays)")
+
+
 def timed_shell(cmd: list[str], out_dir: Path | None = None, cold: list[Path] = ()) -> Run:
     """Run ``cmd`` with ``cold`` files evicted from the page cache first; fsync what it wrote under ``out_dir``
     (included in the time). Pending writes and deletions of earlier steps are flushed first (``sync``: on a disk
     mounted with ``discard``, deleting the previous run's output otherwise costs the next timed run)."""
     os.sync()
     drop_caches_of(cold)
+    drop_page_cache()
     t0 = time.perf_counter()
     r = run_child(cmd)
     t1 = time.perf_counter()
@@ -529,7 +547,7 @@ def bench_convert(work: Path, size: str) -> None:
                           "<Q", (draft / "model.safetensors").open("rb").read(8))[0])[8:]).items()
                    if k != "__metadata__"))
     print(f"\n== convert: {fmt_b(nbytes)} DeepSpec drafter (real random bytes, largest tensor {fmt_b(largest)}) "
-          f"-> vLLM layout; source evicted from the page cache, outputs fsynced ({load_note()})")
+          f"-> vLLM layout; {cache_note()}, outputs fsynced ({load_note()})")
     src_files = [p for p in draft.rglob("*") if p.is_file()]
     cps, cvs = [], []
     out_cp, out_cv = work / "cp-out", work / "convert-out"
@@ -732,54 +750,116 @@ def _header_end(path: Path) -> int:
         return 8 + struct.unpack("<Q", f.read(8))[0]
 
 
-def bench_attach(work: Path, size: str) -> None:
-    """attach a drafter into a V4-Flash-sized target skeleton vs ``cp -r`` of the drafter alone; counts target
-    bytes read (page-cache residency after eviction) and written (size / mtime / blocks / inode)."""
-    target, draft = make_v4_pair(work, size)
-    shards = sorted(target.glob("*.safetensors"))
-    tbytes, dbytes = sum(p.stat().st_size for p in shards), dir_bytes(draft)
-    print(f"\n== attach: {fmt_b(dbytes)} drafter (real bytes) into a {fmt_b(tbytes)} DeepSeek-V4-Flash-sized "
-          f"target ({len(shards)} shards, sparse); drafter evicted from the page cache, outputs fsynced "
-          f"({load_note()})")
+def v4_attached_skeleton(work: Path) -> Path | None:
+    """DeepSeek-V4-Flash with its DSpark drafter attached (``mtp.*`` in the last 3 of 48 shards), sparse, from the
+    manifest (cached); None when the skeleton module or manifest is unavailable."""
+    v4 = work / "deepseek-v4-flash-dspark-skeleton"
+    if not (v4 / "config.json").exists():
+        try:
+            from dsparkhub.skeleton import write_skeleton as manifest_write
+
+            manifest_write("deepseek-v4-flash", v4, with_drafter=True)
+        except Exception as exc:  # optional: the benchmark still runs its built-in geometries
+            print(f"  (V4-Flash skeleton with drafter unavailable: {type(exc).__name__}: {exc})")
+            return None
+    return v4
+
+
+def v4_real_drafter(work: Path) -> Path | None:
+    """A drafter with the real geometry of DeepSeek's V4-Flash DSpark drafter (3 stages of FP8 attention and FP4
+    routed experts, 4,704 tensors, ~10.9 GB) and random bytes: the ``mtp.*`` tensors of
+    :func:`v4_attached_skeleton`, detached into a standalone folder (``deepseek-v4`` layout), then filled. Cached;
+    None when the skeleton is unavailable."""
+    folder = work / "v4-flash-drafter-real"
+    if (folder / ".complete").exists():
+        return folder
+    attached = v4_attached_skeleton(work)
+    if attached is None:
+        return None
+    from dsparkhub.attach import detach
+
+    print("  building the real-size V4-Flash drafter (once; ~11 GB of random bytes)", flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    detach(attached, folder)
+    fill_random(folder, seed=5)
+    (folder / ".complete").write_text("")
+    return folder
+
+
+def _attach_vs_cp(work: Path, target: Path, draft: Path, rounds: int) -> tuple[list[Run], list[Run]]:
+    """``rounds`` interleaved pairs: ``cp -r`` of the drafter (+ fsync), then attach into ``target`` (which fsyncs
+    its own output); each output is deleted once measured."""
     code = ("import sys; from dsparkhub.attach import attach; "
             "r = attach(sys.argv[1], sys.argv[2], sys.argv[3]); "
             "print(r.drafter_bytes_written, r.target_data_bytes_read)")
     src_files = [p for p in draft.rglob("*") if p.is_file()]
-    before = _file_state(target)
-    skip = {p: _header_end(p) for p in shards}
+    shards = sorted(target.glob("*.safetensors"))
+    known = {p.name for p in target.iterdir()}
+    out_cp, out_at = work / "attach-cp-out", work / "attach-out"
     cps, ats = [], []
-    read_ahead = 0
-    for _ in range(1 if size == "tiny" else 5):  # ~1 s each; the median of each, as one lucky cp skews a best-of
-        out_cp, out_at = work / "attach-cp-out", work / "attach-out"
+    for _ in range(rounds):
         shutil.rmtree(out_cp, ignore_errors=True), shutil.rmtree(out_at, ignore_errors=True)
-        cp = timed_shell(["cp", "-r", str(draft), str(out_cp)], out_cp, src_files)
+        cps.append(timed_shell(["cp", "-r", str(draft), str(out_cp)], out_cp, src_files))
+        shutil.rmtree(out_cp, ignore_errors=True)
         drop_caches_of(shards)
         at = timed_shell([PY, "-c", code, draft, target, out_at], None, src_files)
-        new = [p for p in out_at.iterdir() if p.is_file() and p.name not in before]
         t0 = time.perf_counter()
-        sync_files(new)
+        sync_files([p for p in out_at.iterdir() if p.is_file() and p.name not in known])
         at.wall += time.perf_counter() - t0
-        cps.append(cp)
         ats.append(at)
+    return cps, ats
+
+
+def _spread(runs: list[Run]) -> str:
+    return f"{min(r.wall for r in runs):.2f}-{max(r.wall for r in runs):.2f} s"
+
+
+def bench_attach(work: Path, size: str) -> None:
+    """attach a drafter into a V4-Flash-sized target skeleton vs ``cp -r`` of the drafter alone; counts target
+    bytes read (page-cache residency after eviction) and written (size / mtime / blocks / inode).
+
+    At full size the drafter has the real V4-Flash drafter's geometry (:func:`v4_real_drafter`, ~11 GB), and a
+    second, 1 GB drafter shows attach's fixed cost (Python start-up, reading and rewriting the target's index),
+    which no copy hides at that size."""
+    target, small_draft = make_v4_pair(work, size)
+    draft = (v4_real_drafter(work) if size == "full" else None) or small_draft
+    shards = sorted(target.glob("*.safetensors"))
+    tbytes, dbytes = sum(p.stat().st_size for p in shards), dir_bytes(draft)
+    ntensors = sum(len(json.loads(f.open("rb").read(8 + struct.unpack("<Q", f.open("rb").read(8))[0])[8:])) - 1
+                   for f in draft.glob("*.safetensors"))
+    print(f"\n== attach: {fmt_b(dbytes)} drafter ({ntensors:,} tensors, real bytes) into a {fmt_b(tbytes)} "
+          f"DeepSeek-V4-Flash-sized target ({len(shards)} shards, sparse); {cache_note()}, outputs fsynced "
+          f"({load_note()})")
+    before = _file_state(target)
+    skip = {p: _header_end(p) for p in shards}
+    # median of 5 interleaved runs each: cp's own time varies by up to 3x on this disk
+    cps, ats = _attach_vs_cp(work, target, draft, 1 if size == "tiny" else 5)
     best_cp, best_at = median_run(cps), median_run(ats)
     resident = sum(resident_bytes(p, skip[p]) for p in shards)
     read_ahead = int(Path("/sys/block/vda/queue/read_ahead_kb").read_text()) * 1024 \
         if Path("/sys/block/vda/queue/read_ahead_kb").exists() else 128 << 10
     beyond = sum(max(0, resident_bytes(p, skip[p] + read_ahead)) for p in shards)
-    after = _file_state(target)
-    changed = sorted(k for k in before if before[k] != after.get(k)) + sorted(set(after) - set(before))
     ratio = best_at.wall / best_cp.wall
     report("attach", f"attach {best_at.wall:.2f} s = {ratio:.2f}x writing the drafter alone (medians of "
-           f"{len(ats)} interleaved runs; attach {min(r.wall for r in ats):.2f}-{max(r.wall for r in ats):.2f} s)",
-           f"cp -r drafter {best_cp.wall:.2f} s ({min(r.wall for r in cps):.2f}-{max(r.wall for r in cps):.2f} s); "
-           "target <= 1.2x", ratio <= 1.2)
+           f"{len(ats)} interleaved runs; attach {_spread(ats)})",
+           f"cp -r drafter {best_cp.wall:.2f} s ({_spread(cps)}); target <= 1.2x", ratio <= 1.2)
+    if draft != small_draft:
+        cps1, ats1 = _attach_vs_cp(work, target, small_draft, 5)
+        c1, a1 = median_run(cps1), median_run(ats1)
+        report("attach", f"fixed cost, seen with a {fmt_b(dir_bytes(small_draft))} drafter: attach {a1.wall:.2f} s "
+               f"({_spread(ats1)}) = cp + {a1.wall - c1.wall:.2f} s = {a1.wall / c1.wall:.2f}x; "
+               f"{(a1.wall - c1.wall) / best_cp.wall:.0%} of the real-size cp",
+               f"cp -r {c1.wall:.2f} s ({_spread(cps1)}); information: Python start-up and the target's index "
+               "are paid once", None)
+    after = _file_state(target)
+    changed = sorted(k for k in before if before[k] != after.get(k)) + sorted(set(after) - set(before))
     report("attach", f"target data read: {fmt_b(beyond)} beyond each header + read-ahead window "
            f"({fmt_b(resident)} resident incl. kernel read-ahead of {read_ahead >> 10} KiB after headers); "
            f"attach's own count: {best_at.out.split()[-1]} B",
            "0 bytes of the target's tensor data", beyond == 0)
     report("attach", f"target files changed (size / mtime / blocks / inode): {len(changed)} of {len(before)}"
            + (f" {changed[:3]}" if changed else ""), "0 written", not changed)
-    shutil.rmtree(work / "attach-cp-out", ignore_errors=True)
+    shutil.rmtree(work / "attach-out", ignore_errors=True)
 
 
 # ---- push -----------------------------------------------------------------------------------------------------
@@ -930,7 +1010,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("which", choices=[*BENCHES, "all"], help="benchmark to run")
     parser.add_argument("--size", choices=SIZES, default="small",
                         help="tiny: seconds (smoke test); small: ~0.4 GB of real bytes; full: real scale "
-                             "(3 GB drafter, 1T-parameter / 150 GB skeletons; needs ~10 GB free)")
+                             "(3 GB and 11 GB drafters, 1T-parameter / 150 GB skeletons; needs ~40 GB free)")
     parser.add_argument("--workdir", type=Path, help="where skeletons and drafters are built and cached "
                         "(default: a temporary folder, removed afterwards)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary work folder")
@@ -938,7 +1018,9 @@ def main(argv: list[str] | None = None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="dsparkhub-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(work).free
-    need = {"tiny": 0.2e9, "small": 3e9, "full": 12e9}[args.size]
+    need = {"tiny": 0.2e9, "small": 3e9, "full": 40e9}[args.size]
+    global EMPTY_CACHE
+    EMPTY_CACHE = args.size != "tiny"  # the smoke test leaves the machine's page cache alone
     if free < need:
         print(f"warning: {fmt_b(free)} free under {work}; size {args.size} needs about {fmt_b(need)}", flush=True)
     print(f"dsparkhub benchmarks, size {args.size}, work folder {work}, {os.cpu_count()} cores, {load_note()}",
