@@ -13,6 +13,7 @@ touch only a few KiB per shard and must be able to run on headers fetched over H
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
@@ -315,15 +316,39 @@ def _safe_member(folder: Path, rel: str, what: str) -> Path:
     except (OSError, RuntimeError) as exc:  # pathlib raises RuntimeError on a symlink loop (Python < 3.13)
         raise UnsafeCheckpointError(f"{what} {rel!r} cannot be resolved inside the checkpoint: {exc}",
                                     path=folder) from None
-    if root != real and root not in real.parents and not _hf_cache_blob(root, real):
+    if root != real and root not in real.parents and not _hf_cache_blob(root, real) \
+            and not _recorded_attach_link(root, rel, real):
         raise UnsafeCheckpointError(f"{what} {rel!r} is a link that resolves outside the checkpoint folder "
                                     f"(to {real})", path=folder)
     return path
 
 
+@functools.lru_cache(maxsize=16)
+def _attach_symlinks(root: Path, stamp: int) -> tuple[Path | None, frozenset[str]]:
+    """``(target folder, files linked with --symlink)`` from ``root/dsparkhub_attach.json`` (written by ``attach``;
+    ``stamp`` is its mtime, so that a rewritten record is read again); ``(None, {})`` without a readable record."""
+    try:
+        rec = json.loads((root / "dsparkhub_attach.json").read_text())
+        target = Path(rec["target"]["path"]).resolve()
+        return target, frozenset(k for k, v in rec["target"]["files"].items() if v == "symlink")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, frozenset()
+
+
+def _recorded_attach_link(root: Path, rel: str, real: Path) -> bool:
+    """An ``attach --symlink`` output's link to the target's own file, as its attach record lists it (the target
+    folder and the file name must both match): the only other outside link a checkpoint may have."""
+    try:
+        stamp = (root / "dsparkhub_attach.json").stat().st_mtime_ns
+    except OSError:
+        return False
+    target, linked = _attach_symlinks(root, stamp)
+    return target is not None and rel in linked and real == (target / rel).resolve()
+
+
 def _hf_cache_blob(root: Path, real: Path) -> bool:
     """A Hugging Face cache snapshot's link into its own blob store: ``models--ns--name/snapshots/<rev>/f`` ->
-    ``models--ns--name/blobs/<hash>`` (huggingface_hub's cache layout; the only outside link a checkpoint may have)."""
+    ``models--ns--name/blobs/<hash>`` (huggingface_hub's cache layout)."""
     return (root.parent.name == "snapshots" and real.parent == root.parent.parent / "blobs"
             and root.parent.parent.name.startswith(("models--", "datasets--")))
 

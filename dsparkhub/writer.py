@@ -282,11 +282,10 @@ def _copy_range(src: SourceBytes, src_fd: int, dst_fd: int, what: str, dst: int)
     Write-behind: every :data:`COPY_STEP` bytes copied are handed to write-back at once (``posix_fadvise``
     ``DONTNEED`` starts it without waiting, the fallback PostgreSQL's ``pg_flush_data`` uses where
     ``sync_file_range`` is missing), so the disk writes while the next step is copied, the final ``fsync`` finds
-    little left to do, and dirty pages never pile up to the kernel's dirty limit. Measured here (ext4, 2 cores,
-    ``scripts/bench.py``): a 3.1 GB convert 0.4 to 1 s faster; attaching the 10.9 GB V4-Flash drafter 9 s instead of
-    20 s, where a plain copy (``cp``, or this one without write-behind) stalls at ~240 MB/s with one core busy in
-    the kernel once ~2.2 GB are dirty; a 1 GB copy ~0.05 s slower. The output's pages leave the page cache once
-    written back.
+    little left to do, and dirty pages do not pile up to the kernel's dirty limit. Measured here (ext4 on a 2-core
+    VM, ``scripts/bench.py``): a 3.1 GB convert 0.4 to 1 s faster; attaching the 10.9 GB V4-Flash drafter 9-10 s
+    with it, 20-22 s without (the copy then crawls near 240 MB/s with one core busy in the kernel once ~2.2 GB are
+    dirty, as ``cp`` does); a 1 GB copy ~0.05 s slower. The output's pages leave the page cache once written back.
     """
     pos, left = src.start, src.nbytes
     use_cfr = hasattr(os, "copy_file_range")

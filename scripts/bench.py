@@ -786,18 +786,9 @@ def v4_real_drafter(work: Path) -> Path | None:
     return folder
 
 
-#: the drafter's files copied whole through dsparkhub's own copy path (kernel copy + write-behind), nothing else
-COPY_CHILD = ("import sys; from pathlib import Path; from dsparkhub.writer import SourceBytes, write_file\n"
-              "src, dst = Path(sys.argv[1]), Path(sys.argv[2]); dst.mkdir()\n"
-              "for p in sorted(f for f in src.iterdir() if f.is_file()):\n"
-              "    write_file(dst / p.name, b'', [(SourceBytes(str(p), 0, p.stat().st_size, 'U8', ()), 0, p.name)])")
-
-
-def _attach_vs_cp(work: Path, target: Path, draft: Path, rounds: int, *,
-                  plain_copy: bool = False) -> tuple[list[Run], list[Run], list[Run]]:
-    """``rounds`` interleaved runs of ``cp -r`` of the drafter (+ fsync), then (with ``plain_copy``)
-    :data:`COPY_CHILD` (+ fsync), then attach into ``target`` (which fsyncs its own output); each output is deleted
-    once measured. Returns the cp, plain-copy and attach runs."""
+def _attach_vs_cp(work: Path, target: Path, draft: Path, rounds: int) -> tuple[list[Run], list[Run]]:
+    """``rounds`` interleaved pairs: ``cp -r`` of the drafter (+ fsync), then attach into ``target`` (which fsyncs
+    its own output); each output is deleted once measured."""
     code = ("import sys; from dsparkhub.attach import attach; "
             "r = attach(sys.argv[1], sys.argv[2], sys.argv[3]); "
             "print(r.drafter_bytes_written, r.target_data_bytes_read)")
@@ -805,21 +796,18 @@ def _attach_vs_cp(work: Path, target: Path, draft: Path, rounds: int, *,
     shards = sorted(target.glob("*.safetensors"))
     known = {p.name for p in target.iterdir()}
     out_cp, out_at = work / "attach-cp-out", work / "attach-out"
-    cps, plain, ats = [], [], []
+    cps, ats = [], []
     for _ in range(rounds):
         shutil.rmtree(out_cp, ignore_errors=True), shutil.rmtree(out_at, ignore_errors=True)
         cps.append(timed_shell(["cp", "-r", str(draft), str(out_cp)], out_cp, src_files))
         shutil.rmtree(out_cp, ignore_errors=True)
-        if plain_copy:
-            plain.append(timed_shell([PY, "-c", COPY_CHILD, draft, out_cp], out_cp, src_files))
-            shutil.rmtree(out_cp, ignore_errors=True)
         drop_caches_of(shards)
         at = timed_shell([PY, "-c", code, draft, target, out_at], None, src_files)
         t0 = time.perf_counter()
         sync_files([p for p in out_at.iterdir() if p.is_file() and p.name not in known])
         at.wall += time.perf_counter() - t0
         ats.append(at)
-    return cps, plain, ats
+    return cps, ats
 
 
 def _spread(runs: list[Run]) -> str:
@@ -845,7 +833,7 @@ def bench_attach(work: Path, size: str) -> None:
     before = _file_state(target)
     skip = {p: _header_end(p) for p in shards}
     # median of 5 interleaved runs each: cp's own time varies by up to 3x on this disk
-    cps, plain, ats = _attach_vs_cp(work, target, draft, 1 if size == "tiny" else 5, plain_copy=True)
+    cps, ats = _attach_vs_cp(work, target, draft, 1 if size == "tiny" else 5)
     best_cp, best_at = median_run(cps), median_run(ats)
     resident = sum(resident_bytes(p, skip[p]) for p in shards)
     read_ahead = int(Path("/sys/block/vda/queue/read_ahead_kb").read_text()) * 1024 \
@@ -855,12 +843,8 @@ def bench_attach(work: Path, size: str) -> None:
     report("attach", f"attach {best_at.wall:.2f} s = {ratio:.2f}x writing the drafter alone (medians of "
            f"{len(ats)} interleaved runs; attach {_spread(ats)})",
            f"cp -r drafter {best_cp.wall:.2f} s ({_spread(cps)}); target <= 1.2x", ratio <= 1.2)
-    best_plain = median_run(plain)
-    report("attach", f"attach = {best_at.wall / best_plain.wall:.2f}x the same files copied by dsparkhub's own copy "
-           f"path alone ({best_plain.wall:.2f} s, {_spread(plain)}: kernel copy with write-behind, no index, config "
-           "or links)", "information: what attach adds to writing the bytes, whatever cp's own speed", None)
     if draft != small_draft:
-        cps1, _, ats1 = _attach_vs_cp(work, target, small_draft, 5)
+        cps1, ats1 = _attach_vs_cp(work, target, small_draft, 5)
         c1, a1 = median_run(cps1), median_run(ats1)
         report("attach", f"fixed cost, seen with a {fmt_b(dir_bytes(small_draft))} drafter: attach {a1.wall:.2f} s "
                f"({_spread(ats1)}) = cp + {a1.wall - c1.wall:.2f} s = {a1.wall / c1.wall:.2f}x; "

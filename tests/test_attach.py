@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from dsparkhub.attach import ATTACH_RECORD, attach, detach
 from dsparkhub.checkpoint import open_checkpoint
 from dsparkhub.cli import main
 from dsparkhub.convert import convert
-from dsparkhub.errors import ConversionRefusedError, OutputExistsError
+from dsparkhub.errors import ConversionRefusedError, OutputExistsError, UnsafeCheckpointError
 from dsparkhub.hashing import sha256_file
 from dsparkhub.recipes import open_draft
 from dsparkhub.testing import factories as F
@@ -106,6 +107,25 @@ def test_symlink_and_copy_modes(tmp_path, setup, mode):
     assert r.linked[shard] == mode
     assert (tmp_path / "out" / shard).is_symlink() == (mode == "symlink")
     assert sha256_file(tmp_path / "out" / shard) == sha256_file(v4 / shard)
+    # the output reads like any checkpoint: links out of the folder are accepted where the attach record lists them
+    ck = open_checkpoint(tmp_path / "out")
+    name = next(n for n, f in ck.index["weight_map"].items() if f == shard)
+    assert ck.tensors[name].file == shard
+    assert detach(tmp_path / "out", tmp_path / "det").restored
+
+
+def test_symlinks_out_of_an_attached_folder_must_match_its_record(tmp_path, setup):
+    qt, run, v4 = setup
+    attach(run, v4, tmp_path / "out", link="symlink")
+    out = tmp_path / "out"
+    rec = json.loads((out / ATTACH_RECORD).read_text())
+    shard = next(k for k, v in rec["target"]["files"].items() if v == "symlink" and k.endswith(".safetensors"))
+    other = tmp_path / "elsewhere"
+    shutil.copytree(v4, other)
+    (out / shard).unlink()
+    (out / shard).symlink_to(other / shard)  # same name, another folder than the recorded target
+    with pytest.raises(UnsafeCheckpointError, match="resolves outside the checkpoint folder"):
+        open_checkpoint(out)
 
 
 def test_refusals(tmp_path, setup):
