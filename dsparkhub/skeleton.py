@@ -146,6 +146,8 @@ def tiny_manifest(m: TargetManifest | str, *, hidden: int = 256, layers: int = 3
     ids = drafter.get("target_layer_ids")
     if ids:
         drafter["target_layer_ids"] = sorted({min(max(i, 0), layers - 2) for i in ids})
+    if drafter.get("mask_token_id") is not None and drafter["mask_token_id"] >= vocab:
+        drafter["mask_token_id"] = vocab - 1  # the noise token must lie in the tiny vocab
     cfg = {k: v for k, v in m.config.items()}
     for k in ("hidden_size", "num_hidden_layers", "vocab_size"):
         cfg.pop(k, None)
@@ -235,8 +237,12 @@ def v4_drafter_tensors(m: TargetManifest) -> list[SkeletonTensor]:
     names = _names(m)
     out: list[SkeletonTensor] = []
     for sidx in range(stages):
-        for t in _expand(m.checkpoint.get("per_layer"), names, {"i": sidx}):
-            out.append(SkeletonTensor(t.name.replace(f"layers.{sidx}.", f"mtp.{sidx}.", 1), t.dtype, t.shape,
+        # stage s is built as decoder layer L + s: DeepSeek numbers its MTP layers after the main ones (V3:
+        # `model.layers.61` for 61 layers), so per-layer conditions (hash-routed first layers) read the same for
+        # every stage and the stages hold the same parameters
+        i = m.num_hidden_layers + sidx
+        for t in _expand(m.checkpoint.get("per_layer"), names, {"i": i}):
+            out.append(SkeletonTensor(t.name.replace(f"layers.{i}.", f"mtp.{sidx}.", 1), t.dtype, t.shape,
                                       t.nbytes))
     last = f"mtp.{stages - 1}."
     H, V, hc = m.hidden_size, m.vocab_size, int(names.get("hc", 4))

@@ -123,6 +123,26 @@ def test_tiny_versions_keep_names_and_hold_values(tmp_path):
     assert (t.hidden_size, t.vocab_size, t.embed.name) == (256, 512, "embed.weight")
 
 
+def test_tiny_attached_drafter_validates_and_detaches(tmp_path):
+    from dsparkhub.attach import detach
+
+    r = write_skeleton("deepseek-v4-flash", tmp_path / "tiny", tiny=True, with_drafter=True)
+    report = validate(str(r.out))
+    assert report.ok, [f"{f.code} {f.message}" for f in report.errors]
+    stages = {}
+    for name in open_checkpoint(r.out).tensors:
+        if name.startswith("mtp."):
+            s, rest = name.split(".", 2)[1:]
+            stages.setdefault(int(s), set()).add(rest)
+    per_layer = [stages[k] for k in range(3)]
+    assert per_layer[0] <= per_layer[2] and per_layer[0] == per_layer[1]  # the last stage adds the shared heads
+    cfg = json.loads((r.out / "config.json").read_text())
+    assert cfg["dspark_noise_token_id"] < cfg["vocab_size"] == 512
+    target = write_skeleton("deepseek-v4-flash", tmp_path / "target", tiny=True)
+    detached = detach(r.out, tmp_path / "drafter")
+    assert validate(str(detached.out), str(target.out)).ok
+
+
 def test_manifest_without_layout_and_cli(tmp_path):
     with pytest.raises(ManifestError, match="no checkpoint tensor layout"):
         write_skeleton("gemma4-12b", tmp_path / "g")
