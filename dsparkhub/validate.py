@@ -356,7 +356,9 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
         hint = ""
         if max(ids) == L and all(-1 <= i - 1 < L for i in ids):
             hint = (f"ids {ids} look like hidden-state indices (layer index + 1); in layer-index numbering "
-                    f"they are {[i - 1 for i in ids]}")
+                    f"they are {[i - 1 for i in ids]}, which include the target's last layer {L - 1}: vLLM would "
+                    "feed that layer's output un-normed while HF training saw it normed (DSH304), so such a drafter "
+                    "needs ids that stop at layer " + str(L - 2))
         out.add("DSH303", f"target layer ids {outside} are outside the target's {L} layers",
                 location=f"{cfg_file} key target_layer_ids", expected=f"-1 <= id <= {L - 2}", found=ids,
                 hint=hint or "layer ids are 0-based decoder-layer indices")

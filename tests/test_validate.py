@@ -187,6 +187,8 @@ def test_hidden_state_numbering_is_named(tmp_path, target):
     draft = _drafter(tmp_path, target, target_layer_ids=(1, 2, 4))
     finding = next(f for f in validate(draft, target).findings if f.code == "DSH303")
     assert "hidden-state indices" in finding.hint and "[0, 1, 3]" in finding.hint
+    # the suggested ids end at the target's last layer, which DSH304 refuses: the hint says so instead of leading there
+    assert "last layer 3" in finding.hint and "DSH304" in finding.hint and "stop at layer 2" in finding.hint
 
 
 def test_cli_exit_codes_and_json(tmp_path, target, clean):
