@@ -331,7 +331,7 @@ def _section(res: VerifyResults, plots: tuple[str, str]) -> dict[str, Any]:
         "rows": rows, "mean": mean, "change": change, "per_pos": per_pos, "details": details,
         "datasets": [{"name": ds.name, "source": ds.source, "prompts": ds.baseline.prompts} for ds in res.datasets],
         "compilation_config": json.dumps(s.compilation_config) if s.compilation_config is not None else "default",
-        "lossless": lossless,
+        "lossless": lossless, "warnings": res.warnings,
         "plot_acceptance": plots[0], "plot_speedup": plots[1],
     }
 

@@ -427,6 +427,26 @@ def test_prompts_longer_than_the_context_are_warned_about(setup):
     assert lines == []
 
 
+def test_warnings_are_stored_in_the_results_and_listed_on_the_card(setup, tmp_path):
+    draft, target, prompts = setup
+    out = tmp_path / "results.json"
+    r = runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
+                          validate_fn=no_validate, num_speculative_tokens=[2], max_new_tokens=4, max_model_len=5,
+                          out=out)  # no warn callback: the results keep them anyway
+    assert len(r.warnings) == 1 and "exceed the context of 5 tokens" in r.warnings[0]
+    assert not r.warnings[0].startswith("warning")
+    assert VerifyResults.load(out).warnings == r.warnings
+    old = json.loads(out.read_text())
+    del old["warnings"]  # files written before the key existed still load
+    out.write_text(json.dumps(old))
+    assert VerifyResults.load(out).warnings == []
+    r.save(out)
+    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
+    assert card.exit_code == 0, card.output
+    text = (draft / "README.md").read_text()
+    assert "Warnings printed when the run started" in text and "exceed the context of 5 tokens" in text
+
+
 def test_a_run_folder_is_measured_and_named_by_its_step(tmp_path):
     run = tmp_path / "run"
     step = make_drafter(run / "step_5")

@@ -68,6 +68,9 @@ summary[].lossless                         bool | null          false if any dat
 change                                     dict | null          {from_n, to_n, tau_delta, speedup_delta} of the
                                                                 summary means, smallest to largest n (null if one n)
 lossless                                   bool | null          false if any run failed; null if none was checked
+warnings                                   list[str]            optional (default ``[]``): the validation and
+                                                                prompt warnings printed when the run started, e.g.
+                                                                ``[DSH401] ...`` (the card lists them)
 =========================================  ===================  ====================================================
 
 In ``first_mismatch`` ``expected`` is the token without the drafter and ``found`` the token with it; either is
@@ -79,7 +82,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -238,6 +241,7 @@ class VerifyResults:
     summary: list[SummaryRow]
     change: Change | None
     lossless: bool | None
+    warnings: list[str] = field(default_factory=list)
     schema: str = SCHEMA
 
     # -- views ---------------------------------------------------------------------------------------------------
@@ -316,6 +320,7 @@ class VerifyResults:
                      for i, d in enumerate(r.get(data, "summary", list))],
             change=_change(r, r.get(data, "change", dict | None)),
             lossless=r.get(data, "lossless", bool | None),
+            warnings=r.get(data, "warnings", list[str]) if "warnings" in data else [],
         )
         if out.method not in METHODS:
             raise ResultsError(f"key `method` is {out.method!r}, expected one of {', '.join(METHODS)}", path=path)
@@ -416,6 +421,8 @@ def _check(value, typ) -> bool:
         return isinstance(value, list) and all(_check(v, int) for v in value)
     if typ == list[float]:
         return isinstance(value, list) and all(_check(v, float) for v in value)
+    if typ == list[str]:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if typ is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if typ is float:
@@ -432,6 +439,8 @@ def _type_name(typ) -> str:
         return "a list of integers"
     if typ == list[float]:
         return "a list of numbers"
+    if typ == list[str]:
+        return "a list of strings"
     base = next(t for t in typ.__args__ if t is not type(None))  # X | None
     return f"{names[base]} or null"
 
@@ -597,13 +606,14 @@ def summarize(datasets: list[DatasetResult], ns: list[int]) -> tuple[list[Summar
 
 def build_results(*, engine: EngineInfo, method: str, target: ModelRef, drafter: ModelRef, settings: Settings,
                   runs: list[tuple[str, str, RunStats, dict[int, RunStats]]],
-                  date: str | None = None) -> VerifyResults:
+                  date: str | None = None, warnings: list[str] | None = None) -> VerifyResults:
     """Assemble a :class:`VerifyResults` from RunStats.
 
     Args:
         engine / method / target / drafter / settings: as in the schema.
         runs: per dataset ``(name, source, baseline RunStats, {n: RunStats with the drafter})``.
         date: UTC ISO time; now when None.
+        warnings: the warnings printed when the run started (stored as ``warnings``).
 
     Lossless verdicts are computed only when ``settings.temperature == 0``.
 
@@ -626,7 +636,7 @@ def build_results(*, engine: EngineInfo, method: str, target: ModelRef, drafter:
         date=date or datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
         method=method, engine=engine, target=target, drafter=drafter,
         settings=Settings(**{**asdict(settings), "num_speculative_tokens": ns}),
-        datasets=datasets, summary=summary, change=change, lossless=lossless,
+        datasets=datasets, summary=summary, change=change, lossless=lossless, warnings=list(warnings or []),
     )
 
 

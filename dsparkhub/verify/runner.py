@@ -224,7 +224,8 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         raise_on_mismatch: raise :class:`LosslessMismatchError` after saving when a run is not lossless.
         tokenizer: tokenizer to use instead of the target folder's.
         validate_fn: replacement for the validation step ``(draft, target, n) -> None`` (tests).
-        warn: called with one line per validation warning (the CLI prints them on stderr).
+        warn: called with one line per warning (validation, prompts longer than the context); the CLI prints
+            them on stderr. They are also stored in the results' ``warnings``.
 
     Returns:
         The :class:`VerifyResults` (also written to ``out``).
@@ -269,18 +270,25 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     if out is not None and Path(out).parent.exists() and not Path(out).parent.is_dir():
         raise VerifyArgumentError(f"--out {out}: {Path(out).parent} is a file, not a folder",
                                   hint="give a path in an existing (or new) folder")
+    noted: list[str] = []  # stored in the results file as `warnings`, and passed on to `warn`
+
+    def note(line: str) -> None:
+        noted.append(line.removeprefix("warning: ").removeprefix("warning "))
+        if warn is not None:
+            warn(line)
+
     if check:
         # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
         served_name = backend == "vllm-serve" and not Path(target).is_dir()
         if validate_fn is not None:
             validate_fn(draft, None if served_name else target, max(ns))
         else:
-            _validate(draft, None if served_name else target, max(ns), warn)
+            _validate(draft, None if served_name else target, max(ns), note)
 
     from .prompts import load_datasets
 
     data = load_datasets(datasets, target, max_prompts=max_prompts, tokenizer=tokenizer)
-    _warn_context_overflow(data, target, max_model_len, max_new_tokens, warn)
+    _warn_context_overflow(data, target, max_model_len, max_new_tokens, note)
 
     owned = isinstance(backend, str)
     engine = make_backend(backend, target=target, draft=draft, method=method, device=device,
@@ -309,7 +317,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
                           num_speculative_tokens=ns, tensor_parallel_size=tensor_parallel_size,
                           max_model_len=max_model_len, compilation_config=compilation_config,
                           confidence_threshold=confidence_threshold),
-        runs=runs,
+        runs=runs, warnings=noted,
     )
     if out is not None:
         results.save(out)
