@@ -384,7 +384,10 @@ def _same(local: Path, sha256: str, remote: RepoFile) -> bool:
     return remote.blob_id == git_blob_sha1(local)
 
 
-def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, RepoFile]) -> list[FilePlan]:
+def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, RepoFile],
+          keep: set[str] = frozenset()) -> list[FilePlan]:
+    """What the commit does per file; remote files absent locally are deleted, except :data:`NEVER_DELETE` and
+    ``keep`` (files the folder holds but the push left out: never deleted on their account)."""
     out = []
     for path, local in files.items():
         sha, size = hashes[str(local)], local.stat().st_size
@@ -395,7 +398,7 @@ def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, Repo
             action = "unchanged" if _same(local, sha, r) else "change"
             out.append(FilePlan(path, action, size, r.size, sha, r.lfs is not None))
     for path, r in remote.items():
-        if path not in files and path not in NEVER_DELETE:
+        if path not in files and path not in NEVER_DELETE and path not in keep:
             out.append(FilePlan(path, "delete", None, r.size, None, r.lfs is not None))
     return sorted(out, key=lambda f: f.path)
 
@@ -411,7 +414,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
     Steps: validate the drafter (refuse on errors unless ``force``); read the remote head and tree; compare every
     local file by hash (sha256 for LFS files, git blob sha1 for regular files); create the repo / branch when
     missing; one ``create_commit`` (adds for new / changed files, deletes for remote files absent locally except
-    :data:`NEVER_DELETE`) with ``parent_commit`` = the head read while planning, so a concurrent change fails cleanly;
+    :data:`NEVER_DELETE` and files the folder holds but left out, e.g. a pickle uploaded earlier) with ``parent_commit`` = the head read while planning, so a concurrent change fails cleanly;
     read the remote tree of the new commit back and compare sizes and hashes. An unchanged release makes no commit.
     An interrupted push completes when run again: LFS objects already on the Hub are not sent again.
 
@@ -491,10 +494,14 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         raise HubError(f"{repo_id}@{revision} has moved since the plan you reviewed: its head is "
                        f"{(head or 'absent')[:12]}, --expect-head says {expect_head[:12]}",
                        hint="run --dry-run again, review the new plan, and push with its head")
-    plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, _diff(files, hashes, remote))
+    kept = {entry.rpartition(" (")[0] for entry in left_out}
+    plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, _diff(files, hashes, remote, kept))
     report = PushReport(plan, dry_run=dry_run, validation=report_validation, forced=forced)
     if left_out:
         report.notes.append("left out: " + ", ".join(left_out))
+    if kept & set(remote):
+        report.notes.append(f"kept on the Hub although left out here: {', '.join(sorted(kept & set(remote)))} (a "
+                            "push never deletes a file the folder still holds; delete it on the Hub if it should go)")
     if repo_exists and private:
         report.notes.append("the repo exists: --private does not change its visibility")
     if dry_run:

@@ -181,6 +181,23 @@ def test_changed_and_deleted_files_make_one_commit_and_keep_gitattributes(hub, t
     assert report.bytes_uploaded == sum((draft / p).stat().st_size for p in changed)
 
 
+def test_a_file_left_out_here_is_kept_on_the_hub(hub, tmp_path):
+    from huggingface_hub import HfApi
+
+    draft = make_drafter(tmp_path / "draft")
+    push(draft, "alice/k", endpoint=hub.url)
+    api = HfApi(endpoint=hub.url, token=TOKEN)  # an older push (or the Hub UI) added a pickle
+    api.upload_file(path_or_fileobj=b"old pickle", path_in_repo="pytorch_model.bin", repo_id="alice/k")
+    (draft / "pytorch_model.bin").write_bytes(b"local pickle")  # the folder still holds one: left out, kept remotely
+    report = push(draft, "alice/k", endpoint=hub.url)
+    assert report.plan.by_action("delete") == [] and "pytorch_model.bin" in hub.files("alice/k")
+    assert any("kept on the Hub although left out here: pytorch_model.bin" in n for n in report.notes), report.notes
+    (draft / "pytorch_model.bin").unlink()  # gone from the folder too: the mirror deletes it
+    report = push(draft, "alice/k", endpoint=hub.url)
+    assert [f.path for f in report.plan.by_action("delete")] == ["pytorch_model.bin"]
+    assert "pytorch_model.bin" not in hub.files("alice/k")
+
+
 def test_dry_run_sends_no_write_request(hub, tmp_path):
     draft = make_drafter(tmp_path / "draft")
     report = push(draft, "alice/new", endpoint=hub.url, dry_run=True)
