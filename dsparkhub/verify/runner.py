@@ -78,39 +78,52 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
         EngineUnavailableError: unknown name, the engine's module is missing (vLLM not installed), or a setting the
             chosen backend does not take.
     """
+    _check_engine_options(name, device=device, tensor_parallel_size=tensor_parallel_size,
+                          confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url)
     if name == "reference":
         _check_torch_device(device)
-        if server_url or baseline_url:
-            raise EngineUnavailableError("--server-url / --baseline-url are only for --backend vllm-serve")
-        if tensor_parallel_size != 1:
-            raise EngineUnavailableError(f"the reference engine runs on one device; --tp {tensor_parallel_size} "
-                                         f"needs --backend vllm")
         try:
             from .reference import ReferenceEngine
         except ImportError as exc:
             raise EngineUnavailableError(f"the reference engine cannot be imported: {exc}") from exc
         # The method is read by dsparkhub.modeling from the drafter config; the seed goes to each run.
         return ReferenceEngine(target, draft, device=device or "cpu", confidence_threshold=confidence_threshold)
-    if name in ("vllm", "vllm-serve"):
-        if confidence_threshold is not None:
-            raise EngineUnavailableError("vLLM 0.32 has no confidence threshold (it offers adaptive verification, "
-                                         "a cost model); drop --confidence-threshold or use --backend reference")
-        if device is not None:
-            raise EngineUnavailableError("--device is for the reference engine; vLLM picks its own device")
-        from .vllm_backend import VllmBackend, VllmServerBackend
+    from .vllm_backend import VllmBackend, VllmServerBackend
 
-        if name == "vllm":
-            if server_url or baseline_url:
-                raise EngineUnavailableError("--server-url / --baseline-url are only for --backend vllm-serve")
-            return VllmBackend.from_options(target, draft, method=method, tensor_parallel_size=tensor_parallel_size,
-                                            max_model_len=max_model_len, compilation_config=compilation_config)
-        if not server_url:
-            raise EngineUnavailableError("--backend vllm-serve needs --server-url (a `vllm serve` started with the "
-                                         "drafter) and --baseline-url (the same target without a drafter)")
-        # A running server's settings were fixed at launch; TP / max_model_len / compilation config are recorded
-        # in the results as given, so give the values the servers were started with.
-        return VllmServerBackend.from_options(server_url, baseline_url=baseline_url)
-    raise EngineUnavailableError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
+    if name == "vllm":
+        return VllmBackend.from_options(target, draft, method=method, tensor_parallel_size=tensor_parallel_size,
+                                        max_model_len=max_model_len, compilation_config=compilation_config)
+    # A running server's settings were fixed at launch; TP / max_model_len / compilation config are recorded
+    # in the results as given, so give the values the servers were started with.
+    return VllmServerBackend.from_options(server_url, baseline_url=baseline_url)
+
+
+def _check_engine_options(name: str, *, device: str | None, tensor_parallel_size: int,
+                          confidence_threshold: float | None, server_url: str | None,
+                          baseline_url: str | None) -> None:
+    """Refuse a backend name or a setting the chosen backend does not take; ``run_verify`` calls this before any
+    model or prompt is loaded.
+
+    Raises:
+        EngineOptionError: naming the setting and the backend that takes it.
+    """
+    if name not in BACKEND_NAMES:
+        raise EngineOptionError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
+    if name != "vllm-serve" and (server_url or baseline_url):
+        raise EngineOptionError("--server-url / --baseline-url are only for --backend vllm-serve")
+    if name == "reference":
+        if tensor_parallel_size != 1:
+            raise EngineOptionError(f"the reference engine runs on one device; --tp {tensor_parallel_size} needs "
+                                    "--backend vllm")
+        return
+    if confidence_threshold is not None:
+        raise EngineOptionError("vLLM 0.32 has no confidence threshold (it offers adaptive verification, a cost "
+                                "model); drop --confidence-threshold or use --backend reference")
+    if device is not None:
+        raise EngineOptionError("--device is for the reference engine; vLLM picks its own device")
+    if name == "vllm-serve" and not server_url:
+        raise EngineOptionError("--backend vllm-serve needs --server-url (a `vllm serve` started with the drafter) "
+                                "and --baseline-url (the same target without a drafter)")
 
 
 def _warn_context_overflow(data, target: str, max_model_len: int | None, max_new_tokens: int,
@@ -231,7 +244,8 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         The :class:`VerifyResults` (also written to ``out``).
 
     Raises:
-        ValueError-based DsparkhubError: bad n values / temperature / max_new_tokens.
+        VerifyArgumentError (a ValueError): bad n values / temperature / max_new_tokens / method / results path,
+            or (EngineOptionError) a backend setting the backend does not take; raised before anything loads.
         ValidationFailedError: the drafter does not fit the target (no model was loaded).
         PromptFileError: a dataset cannot be read or tokenized.
         EngineUnavailableError / VerifyError: the engine is missing, refused or crashed.
@@ -250,6 +264,10 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
 
         draft = resolve_step_dir(draft)
     draft, target = str(draft), str(target)
+    if isinstance(backend, str):
+        _check_engine_options(backend, device=device, tensor_parallel_size=tensor_parallel_size,
+                              confidence_threshold=confidence_threshold, server_url=server_url,
+                              baseline_url=baseline_url)
     if method is not None and method not in METHODS:
         raise VerifyArgumentError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     try:
@@ -329,3 +347,8 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
 class VerifyArgumentError(DsparkhubError, ValueError):
     """A verify argument is out of range (n values, temperature, max_new_tokens, method, results path); the CLI
     reports it as a usage error (exit 2)."""
+
+
+class EngineOptionError(VerifyArgumentError, EngineUnavailableError):
+    """A backend name or a setting the chosen backend does not take (``--tp`` for the reference engine,
+    ``--device`` for vLLM, ``--backend vllm-serve`` without ``--server-url`` ...): a usage error (exit 2)."""
