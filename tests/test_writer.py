@@ -111,3 +111,46 @@ def test_a_source_cut_short_names_the_tensors(tmp_path):
     os.truncate(src, src.stat().st_size - 16)
     with pytest.raises(CheckpointFormatError, match="ends before the end of tensors 'a' to 'b'"):
         write_safetensors(tmp_path / "out.safetensors", [("a", s["a"]), ("b", s["b"])], {})
+
+
+@pytest.mark.parametrize("block", [4096, 3 * 4096, 1 << 20])
+def test_direct_writes_give_the_same_bytes_as_the_page_cache_path(tmp_path, monkeypatch, block):
+    src = tmp_path / "src.safetensors"
+    save_file({"a": torch.randn(300, 7), "b": torch.randint(0, 9, (5001,), dtype=torch.uint8),
+               "c": torch.randn(64, 64).to(torch.bfloat16)}, str(src))
+    s = _sources(src)
+    payloads = [("x.a", s["a"]), ("x.c", s["c"]), ("t2d", torch.arange(1001, dtype=torch.int64)), ("x.b", s["b"])]
+    monkeypatch.setattr(writer, "DIRECT_MIN", 1 << 62)
+    write_safetensors(tmp_path / "cached.safetensors", payloads, {"format": "pt"})
+    monkeypatch.setattr(writer, "DIRECT_MIN", 0)
+    monkeypatch.setattr(writer, "DIRECT_BLOCK", block)
+    used = []
+    real = writer._write_direct
+    monkeypatch.setattr(writer, "_write_direct", lambda *a: used.append(real(*a)) or used[-1])
+    write_safetensors(tmp_path / "direct.safetensors", payloads, {"format": "pt"})
+    if used != [True]:
+        pytest.skip(f"this filesystem refuses O_DIRECT ({tmp_path})")
+    assert (tmp_path / "direct.safetensors").read_bytes() == (tmp_path / "cached.safetensors").read_bytes()
+
+
+def test_direct_path_names_a_source_cut_short(tmp_path, monkeypatch):
+    src = tmp_path / "src.safetensors"
+    save_file({"a": torch.randn(4096), "b": torch.randn(4096)}, str(src))
+    s = _sources(src)
+    os.truncate(src, src.stat().st_size - 100)
+    monkeypatch.setattr(writer, "DIRECT_MIN", 0)
+    monkeypatch.setattr(writer, "DIRECT_BLOCK", 8192)
+    with pytest.raises(CheckpointFormatError, match="ends before the end of tensor"):
+        write_safetensors(tmp_path / "out.safetensors", [("a", s["a"]), ("b", s["b"])], {})
+
+
+def test_pieces_that_do_not_tile_the_file_use_the_page_cache_path(tmp_path, monkeypatch):
+    src = tmp_path / "src.safetensors"
+    save_file({"a": torch.randn(64)}, str(src))
+    monkeypatch.setattr(writer, "DIRECT_MIN", 0)
+    s = _sources(src)
+    out = tmp_path / "gap.bin"
+    assert writer._write_direct(out, b"HEAD", [(s["a"], 4096, "a")], []) is False  # a hole at 4..4096
+    writer.write_file(out, b"HEAD", [(s["a"], 4096, "a")])
+    data = out.read_bytes()
+    assert data[:4] == b"HEAD" and len(data) == 4096 + s["a"].nbytes
