@@ -4,9 +4,12 @@ Owns: the output folder's life cycle (a temporary folder next to OUT, flushed to
 when complete; an existing OUT refused unless overwrite; a concurrent writer of the same OUT fails cleanly) and
 writing tensors into size-capped safetensors shards plus ``model.safetensors.index.json``.
 
-Memory and speed: a plain copy is described by :class:`SourceBytes` and streamed file to file with
-``os.copy_file_range`` (the kernel copies, as ``cp`` does), so converting a multi-GB drafter holds no tensor in memory
-and needs no torch; only computed tensors (e.g. speculators ``t2d``) are held, one shard's worth at most. The file
+Memory and speed: a plain copy is described by :class:`SourceBytes` and never enters memory whole: a file that copies
+64 MiB or more is assembled in 8 MiB aligned blocks and written with ``O_DIRECT`` (no page-cache work for the
+output); smaller files, and filesystems that refuse ``O_DIRECT``, are streamed file to file with
+``os.copy_file_range`` (the kernel copies, as ``cp`` does) with write-behind. Converting a multi-GB drafter thus
+needs no torch and ~60 MB of memory; only computed tensors (e.g. speculators ``t2d``) are held, one shard's worth at
+most. The file
 format is written here (a few lines: the safetensors spec is an 8-byte header length, a JSON header, the data)
 because ``safetensors.torch.save_file`` needs every tensor of a shard in memory at once.
 """
@@ -286,10 +289,11 @@ def _copy_range(src: SourceBytes, src_fd: int, dst_fd: int, what: str, dst: int)
     Write-behind: every :data:`COPY_STEP` bytes copied are handed to write-back at once (``posix_fadvise``
     ``DONTNEED`` starts it without waiting, the fallback PostgreSQL's ``pg_flush_data`` uses where
     ``sync_file_range`` is missing), so the disk writes while the next step is copied, the final ``fsync`` finds
-    little left to do, and dirty pages do not pile up to the kernel's dirty limit. Measured here (ext4 on a 2-core
-    VM, ``scripts/bench.py``): a 3.1 GB convert 0.4 to 1 s faster; attaching the 10.9 GB V4-Flash drafter 9-10 s
-    with it, 20-22 s without (the copy then crawls near 240 MB/s with one core busy in the kernel once ~2.2 GB are
-    dirty, as ``cp`` does); a 1 GB copy ~0.05 s slower. The output's pages leave the page cache once written back.
+    little left to do, and dirty pages do not pile up to the kernel's dirty limit. Measured here on this path (ext4
+    on a 2-core VM, ``scripts/bench.py``, before large files moved to :func:`_write_direct`): a 3.1 GB convert 0.4
+    to 1 s faster; attaching the 10.9 GB V4-Flash drafter 9-10 s with it, 20-22 s without (the copy then crawls near
+    240 MB/s with one core busy in the kernel once ~2.2 GB are dirty, as ``cp`` does); a 1 GB copy ~0.05 s slower.
+    The output's pages leave the page cache once written back.
     """
     pos, left = src.start, src.nbytes
     use_cfr = hasattr(os, "copy_file_range")
