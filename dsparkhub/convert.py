@@ -408,7 +408,11 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         return lambda: SourceBytes(str(d.checkpoint.file_path(info)), info.start, info.nbytes, info.dtype,
                                    info.shape)
 
-    items = [(c.out_name, d.spec.tensors[c.name].nbytes, raw(d.spec.tensors[c.name])) for c in plan.copies]
+    # in the order the tensors lie in the source files, so that the output shards follow the sources front to back
+    # (read once from the disk, by whichever of the copy and the provenance hash is ahead)
+    copies = sorted(plan.copies, key=lambda c: (str(d.checkpoint.file_path(d.spec.tensors[c.name])),
+                                                d.spec.tensors[c.name].start))
+    items = [(c.out_name, d.spec.tensors[c.name].nbytes, raw(d.spec.tensors[c.name])) for c in copies]
 
     def derive(name):
         inputs, fn, _ = DERIVED_TENSORS[name]
