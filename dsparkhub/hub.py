@@ -519,7 +519,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
                 report.notes.append(f"created branch {revision}")
             # the new repo / branch has an initial commit: plan against it
             _, _, head, remote = _remote_state(api, repo_id, revision, token)
-            plan.parent_commit, plan.files = head, _diff(files, hashes, remote)
+            plan.parent_commit, plan.files = head, _diff(files, hashes, remote, kept)
     except _HUB_ERRORS as exc:
         raise _hub_error(exc, f"create {repo_id}@{revision}", repo_id, token) from exc
 
@@ -549,7 +549,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         raise _hub_error(cause, f"upload to {repo_id}@{revision}", repo_id, token) from exc
     report.commit_oid, report.commit_url = info.oid, info.commit_url
 
-    remote_after = _check_remote(api, repo_id, info.oid, files, hashes, token)
+    remote_after = _check_remote(api, repo_id, info.oid, files, hashes, token, kept)
     report.bytes_uploaded = sum(
         f.size or 0 for f in plan.files
         if f.action in ("add", "change") and not (remote_after[f.path].lfs is not None and f.sha256 in already))
@@ -576,8 +576,9 @@ def _lfs_objects_present(api: HfApi, repo_id: str, revision: str, adds: list[Com
 
 
 def _check_remote(api: HfApi, repo_id: str, oid: str, files: dict[str, Path], hashes: dict[str, str],
-                  token: str | None) -> dict[str, RepoFile]:
-    """Read the tree of commit ``oid`` back and compare it with the local files.
+                  token: str | None, kept: set[str] = frozenset()) -> dict[str, RepoFile]:
+    """Read the tree of commit ``oid`` back and compare it with the local files (``kept``: files left out here but
+    kept on the Hub, see :func:`_diff`).
 
     Raises:
         HubError: a file missing, of another size or hash, or an unexpected extra file.
@@ -596,7 +597,7 @@ def _check_remote(api: HfApi, repo_id: str, oid: str, files: dict[str, Path], ha
             lfs = f", sha256 {remote.lfs.sha256}" if remote.lfs else f", git oid {remote.blob_id}"
             problems.append(f"{path}: Hub has {remote.size} bytes{lfs}; local has {local.stat().st_size} bytes, "
                             f"sha256 {hashes[str(local)]}")
-    extra = sorted(set(tree) - set(files) - NEVER_DELETE)
+    extra = sorted(set(tree) - set(files) - NEVER_DELETE - set(kept))
     problems += [f"{p}: on the Hub but not in the local folder" for p in extra]
     if problems:
         raise HubError(f"after commit {oid[:12]}, {repo_id} differs from the local folder: " + "; ".join(problems),

@@ -192,6 +192,11 @@ def test_a_file_left_out_here_is_kept_on_the_hub(hub, tmp_path):
     report = push(draft, "alice/k", endpoint=hub.url)
     assert report.plan.by_action("delete") == [] and "pytorch_model.bin" in hub.files("alice/k")
     assert any("kept on the Hub although left out here: pytorch_model.bin" in n for n in report.notes), report.notes
+    make_drafter(draft, seed=1)  # a real change beside the kept file: committed, and the read-back accepts it
+    report = push(draft, "alice/k", endpoint=hub.url)
+    assert report.committed and report.plan.by_action("delete") == []
+    report = push(draft, "alice/k", revision="dev", endpoint=hub.url)  # a new branch starts from main: kept too
+    assert report.plan.by_action("delete") == [] and "pytorch_model.bin" in hub.files("alice/k", revision="dev")
     (draft / "pytorch_model.bin").unlink()  # gone from the folder too: the mirror deletes it
     report = push(draft, "alice/k", endpoint=hub.url)
     assert [f.path for f in report.plan.by_action("delete")] == ["pytorch_model.bin"]
