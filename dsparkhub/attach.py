@@ -96,6 +96,11 @@ def _place(src: Path, dst: Path, mode: str) -> str:
     return "copy"
 
 
+def _identity(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_dev, st.st_ino, st.st_size]
+
+
 def _target_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if (p.is_file() or p.is_symlink()) and not p.is_dir())
 
@@ -280,6 +285,9 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "target": {"path": str(target_dir.resolve()), "model_type": model_type,
                        "config_sha256": sha256_file(target_dir / "config.json"), "files": linked,
+                       # identity of each symlinked file: dsparkhub's readers follow a link out of OUT only to the
+                       # very file (device, inode, size) attach linked, which a folder made elsewhere cannot name
+                       "links": {rel: _identity(target_dir / rel) for rel, how in linked.items() if how == "symlink"},
                        "index_sha256": sha256_file(target_dir / INDEX_NAME) if tck.index else None},
             "drafter": {"path": str(Path(d.checkpoint.path).resolve()), "layout": d.recipe.name,
                         "config": d.checkpoint.config,

@@ -324,26 +324,30 @@ def _safe_member(folder: Path, rel: str, what: str) -> Path:
 
 
 @functools.lru_cache(maxsize=16)
-def _attach_symlinks(root: Path, stamp: int) -> tuple[Path | None, frozenset[str]]:
-    """``(target folder, files linked with --symlink)`` from ``root/dsparkhub_attach.json`` (written by ``attach``;
-    ``stamp`` is its mtime, so that a rewritten record is read again); ``(None, {})`` without a readable record."""
+def _attach_symlinks(root: Path, stamp: int) -> dict[str, tuple[int, int, int]]:
+    """``{file: (device, inode, size)}`` of the target files ``attach --symlink`` linked into ``root``, from
+    ``root/dsparkhub_attach.json`` (``stamp`` is its mtime, so that a rewritten record is read again); ``{}`` without
+    a readable record."""
     try:
         rec = json.loads((root / "dsparkhub_attach.json").read_text())
-        target = Path(rec["target"]["path"]).resolve()
-        return target, frozenset(k for k, v in rec["target"]["files"].items() if v == "symlink")
+        if rec.get("tool") != "dsparkhub" or rec.get("command") != "attach":
+            return {}
+        return {k: tuple(v) for k, v in rec["target"]["links"].items()
+                if isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v)}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None, frozenset()
+        return {}
 
 
 def _recorded_attach_link(root: Path, rel: str, real: Path) -> bool:
-    """An ``attach --symlink`` output's link to the target's own file, as its attach record lists it (the target
-    folder and the file name must both match): the only other outside link a checkpoint may have."""
+    """An ``attach --symlink`` output's link to the target's own file: its attach record names the file's device,
+    inode and size as attach saw them, and the link must lead to that very file. A record copied or written
+    elsewhere cannot name another local file (the only other outside link a checkpoint may have)."""
     try:
         stamp = (root / "dsparkhub_attach.json").stat().st_mtime_ns
+        st = real.stat()
     except OSError:
         return False
-    target, linked = _attach_symlinks(root, stamp)
-    return target is not None and rel in linked and real == (target / rel).resolve()
+    return _attach_symlinks(root, stamp).get(rel) == (st.st_dev, st.st_ino, st.st_size)
 
 
 def _hf_cache_blob(root: Path, real: Path) -> bool:

@@ -313,7 +313,10 @@ def _copy_range(src: SourceBytes, src_fd: int, dst_fd: int, what: str, dst: int)
             raise CheckpointFormatError(f"the source file ends before the end of {what} ({left} of "
                                         f"{src.nbytes} bytes missing)", path=src.path)
         if n >= _WRITE_BEHIND_MIN and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(dst_fd, dst, n, os.POSIX_FADV_DONTNEED)
+            try:
+                os.posix_fadvise(dst_fd, dst, n, os.POSIX_FADV_DONTNEED)
+            except OSError:  # a hint only
+                pass
         pos += n
         dst += n
         left -= n
@@ -417,9 +420,9 @@ def _write_direct(path: Path, head: bytes, copies: list[tuple[SourceBytes, int, 
     same copy (``scripts/bench.py`` convert).
 
     Returns:
-        False, having written nothing that matters (the caller truncates and writes through the page cache), when
-        ``O_DIRECT`` is unavailable (not Linux), refused (tmpfs, some network filesystems), or the pieces do not tile
-        the file from byte 0 without gaps or overlaps.
+        False when ``O_DIRECT`` is unavailable (not Linux) or refused (tmpfs, some network filesystems: at open, or
+        EINVAL / EOPNOTSUPP from a write), or the pieces do not tile the file from byte 0 without gaps or overlaps;
+        the caller then writes the whole file again through the page cache (it opens it with ``O_TRUNC``).
 
     Raises:
         CheckpointFormatError: a source file ends before a range it should hold.
@@ -443,7 +446,11 @@ def _write_direct(path: Path, head: bytes, copies: list[tuple[SourceBytes, int, 
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
     except OSError:
         return False
-    buf = mmap.mmap(-1, DIRECT_BLOCK)  # page-aligned, as O_DIRECT needs
+    try:
+        buf = mmap.mmap(-1, DIRECT_BLOCK)  # page-aligned, as O_DIRECT needs
+    except OSError:
+        os.close(fd)
+        return False
     view = memoryview(buf)
     sources: dict[str, int] = {}
     named = {name for _, _, name in copies} | {name for name, _, _ in writes}
@@ -469,8 +476,8 @@ def _write_direct(path: Path, head: bytes, copies: list[tuple[SourceBytes, int, 
             view[n:aligned] = bytes(aligned - n)
             try:
                 _write_all(fd, view[:aligned], start)
-            except OSError as exc:
-                if start == 0 and exc.errno == errno.EINVAL:  # the filesystem refuses O_DIRECT after all
+            except OSError as exc:  # the filesystem refuses O_DIRECT after all: the caller starts again
+                if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
                     return False
                 raise
             if start == 0:

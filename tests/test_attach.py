@@ -122,8 +122,15 @@ def test_symlinks_out_of_an_attached_folder_must_match_its_record(tmp_path, setu
     shard = next(k for k, v in rec["target"]["files"].items() if v == "symlink" and k.endswith(".safetensors"))
     other = tmp_path / "elsewhere"
     shutil.copytree(v4, other)
+    assert rec["target"]["links"][shard][1] == (v4 / shard).stat().st_ino
     (out / shard).unlink()
     (out / shard).symlink_to(other / shard)  # same name, another folder than the recorded target
+    with pytest.raises(UnsafeCheckpointError, match="resolves outside the checkpoint folder"):
+        open_checkpoint(out)
+    # a record written elsewhere cannot approve a link to a local file: it would have to name its device and inode
+    rec["target"]["path"] = str(other)
+    rec["target"]["links"] = {k: [1, 2, (other / k).stat().st_size] for k in rec["target"]["links"]}
+    (out / ATTACH_RECORD).write_text(json.dumps(rec))
     with pytest.raises(UnsafeCheckpointError, match="resolves outside the checkpoint folder"):
         open_checkpoint(out)
 

@@ -154,3 +154,28 @@ def test_pieces_that_do_not_tile_the_file_use_the_page_cache_path(tmp_path, monk
     writer.write_file(out, b"HEAD", [(s["a"], 4096, "a")])
     data = out.read_bytes()
     assert data[:4] == b"HEAD" and len(data) == 4096 + s["a"].nbytes
+
+
+def test_a_write_refused_midway_starts_the_file_again_through_the_page_cache(tmp_path, monkeypatch):
+    import errno
+
+    src = tmp_path / "src.safetensors"
+    save_file({"a": torch.randn(3000), "b": torch.randn(5000)}, str(src))
+    s = _sources(src)
+    payloads = [("a", s["a"]), ("b", s["b"])]
+    write_safetensors(tmp_path / "ref.safetensors", payloads, {})
+    monkeypatch.setattr(writer, "DIRECT_MIN", 0)
+    monkeypatch.setattr(writer, "DIRECT_BLOCK", 8192)
+    calls = []
+    real = writer._write_all
+
+    def flaky(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == 2:  # the second O_DIRECT block
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(writer, "_write_all", flaky)
+    write_safetensors(tmp_path / "out.safetensors", payloads, {})
+    assert len(calls) > 2
+    assert (tmp_path / "out.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
