@@ -464,7 +464,8 @@ def test_a_run_folder_is_measured_and_named_by_its_step(tmp_path):
 def test_argument_errors_are_usage_errors(setup, tmp_path, cli_fake):
     draft, target, prompts = setup
     for extra in (["--method", "dflash"], ["--out", str(tmp_path)], ["--backend", "vllm-serve"],
-                  ["--backend", "vllm", "--device", "cpu"], ["--server-url", "http://127.0.0.1:9"]):
+                  ["--backend", "vllm", "--device", "cpu"], ["--server-url", "http://127.0.0.1:9"],
+                  ["--device", "bogus"], ["--device", "mps"]):
         res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--datasets", str(prompts),
                                         "-n", "2", "--quiet", *extra])
         assert res.exit_code == 2 and "Usage" in res.output and "_ArgError" not in res.output, res.output

@@ -81,7 +81,6 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
     _check_engine_options(name, device=device, tensor_parallel_size=tensor_parallel_size,
                           confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url)
     if name == "reference":
-        _check_torch_device(device)
         try:
             from .reference import ReferenceEngine
         except ImportError as exc:
@@ -115,6 +114,7 @@ def _check_engine_options(name: str, *, device: str | None, tensor_parallel_size
         if tensor_parallel_size != 1:
             raise EngineOptionError(f"the reference engine runs on one device; --tp {tensor_parallel_size} needs "
                                     "--backend vllm")
+        _check_torch_device(device)
         return
     if confidence_threshold is not None:
         raise EngineOptionError("vLLM 0.32 has no confidence threshold (it offers adaptive verification, a cost "
@@ -152,7 +152,12 @@ def _warn_context_overflow(data, target: str, max_model_len: int | None, max_new
 
 
 def _check_torch_device(device: str | None) -> None:
-    """A device the reference engine can use, checked before anything loads."""
+    """A device the reference engine can use, checked before anything loads.
+
+    Raises:
+        EngineOptionError: not a torch device, or not cpu / cuda (usage errors).
+        EngineUnavailableError: cuda asked for, but this torch has no usable CUDA device.
+    """
     if device is None:
         return
     import torch
@@ -160,14 +165,14 @@ def _check_torch_device(device: str | None) -> None:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise EngineUnavailableError(f"--device {device!r} is not a torch device ({str(exc).splitlines()[0]})",
-                                     hint="use cpu, cuda or cuda:N") from None
+        raise EngineOptionError(f"--device {device!r} is not a torch device ({str(exc).splitlines()[0]})",
+                                hint="use cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EngineUnavailableError(f"--device {device}: this torch ({torch.__version__}) has no usable CUDA device",
                                      hint="drop --device to run on the CPU, or install a CUDA build of torch")
     if dev.type not in ("cpu", "cuda"):
-        raise EngineUnavailableError(f"--device {device}: the reference engine runs on cpu or cuda",
-                                     hint="use cpu, cuda or cuda:N")
+        raise EngineOptionError(f"--device {device}: the reference engine runs on cpu or cuda",
+                                hint="use cpu, cuda or cuda:N")
 
 
 def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callable[[str], None] | None = None):
