@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .checkpoint import INDEX_NAME, open_checkpoint, parse_header_bytes
+from .checkpoint import ATTACH_RECORD, INDEX_NAME, file_identity, open_checkpoint, parse_header_bytes
 from .errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
 from .hashing import sha256_file
 from .recipes import OpenedDraft, get_recipe, open_draft
@@ -42,7 +42,6 @@ from .target import target_from_checkpoint
 from .writer import (SourceBytes, atomic_output, background_flush, refuse_overlap, write_file, write_json,
                      write_safetensors, write_shards)
 
-ATTACH_RECORD = "dsparkhub_attach.json"
 DRAFT_SHARD = "model-dspark-{k:05d}-of-{n:05d}.safetensors"
 #: target model types whose config vLLM reads ``dspark_*`` keys from (V4 DSpark, vLLM 0.32 / dspark-vllm overlay)
 V4_MODEL_TYPES = ("deepseek_v4", "deepseek_v41")
@@ -94,11 +93,6 @@ def _place(src: Path, dst: Path, mode: str) -> str:
         return "symlink"
     shutil.copy2(src, dst)
     return "copy"
-
-
-def _identity(path: Path) -> list[int]:
-    st = path.stat()
-    return [st.st_dev, st.st_ino, st.st_size]
 
 
 def _target_files(folder: Path) -> list[Path]:
@@ -264,8 +258,7 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
             payloads = []
             for out_name, canon in group:
                 info = spec.tensors[canon]
-                payloads.append((out_name, SourceBytes(str(d.checkpoint.file_path(info)), info.start, info.nbytes,
-                                                       info.dtype, info.shape)))
+                payloads.append((out_name, SourceBytes.of(d.checkpoint.file_path(info), info)))
                 written += info.nbytes
             write_safetensors(tmp / fname, payloads, {"format": "pt", "dsparkhub": "attached drafter"})
             flush(tmp / fname)  # on disk while the index and configs are written
@@ -287,7 +280,8 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
                        "config_sha256": sha256_file(target_dir / "config.json"), "files": linked,
                        # identity of each symlinked file: dsparkhub's readers follow a link out of OUT only to the
                        # very file (device, inode, size) attach linked, which a folder made elsewhere cannot name
-                       "links": {rel: _identity(target_dir / rel) for rel, how in linked.items() if how == "symlink"},
+                       "links": {rel: file_identity(target_dir / rel) for rel, how in linked.items()
+                                 if how == "symlink"},
                        "index_sha256": sha256_file(target_dir / INDEX_NAME) if tck.index else None},
             "drafter": {"path": str(Path(d.checkpoint.path).resolve()), "layout": d.recipe.name,
                         "config": d.checkpoint.config,
@@ -351,7 +345,7 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
         d = open_draft(attached, layout="deepseek-v4")
 
         def raw(info):  # streamed file to file by the kernel: no tensor enters memory
-            return lambda: SourceBytes(str(ck.file_path(info)), info.start, info.nbytes, info.dtype, info.shape)
+            return lambda: SourceBytes.of(ck.file_path(info), info)
 
         # in the order the tensors lie in the target's shards: the copies then coalesce into a few long ranges
         tensors = sorted(d.spec.tensors.items(), key=lambda kv: (str(ck.file_path(kv[1])), kv[1].start))
@@ -387,8 +381,7 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
                     raise CheckpointFormatError(
                         f"attached tensor {where!r} is {info.dtype} {list(info.shape)} but the drafter's "
                         f"{name!r} was {orig.dtype} {list(orig.shape)}", path=attached)
-                copies.append((SourceBytes(str(ck.file_path(info)), info.start, info.nbytes, info.dtype,
-                                           info.shape), orig.start, name))
+                copies.append((SourceBytes.of(ck.file_path(info), info), orig.start, name))
                 bytes_read += info.nbytes
             (tmp / fname).parent.mkdir(parents=True, exist_ok=True)
             write_file(tmp / fname, struct.pack("<Q", len(header)) + header, copies)

@@ -43,6 +43,8 @@ MAX_HEADER_BYTES = 100_000_000
 #: refuse config / index files larger than this (a 1T-parameter target's index is ~20 MB).
 MAX_JSON_BYTES = 512 << 20
 INDEX_NAME = "model.safetensors.index.json"
+#: the record ``dsparkhub attach`` writes into an attached checkpoint (``dsparkhub.attach``)
+ATTACH_RECORD = "dsparkhub_attach.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 #: pickle files that are training state, not weights; they are ignored (never loaded, never copied).
 TRAINING_STATE_PREFIXES = ("training_state", "optimizer", "scheduler", "rng_state", "training_args")
@@ -323,13 +325,24 @@ def _safe_member(folder: Path, rel: str, what: str) -> Path:
     return path
 
 
+def file_identity(path: str | Path) -> tuple[int, int, int]:
+    """``(device, inode, size)`` of the file ``path`` (links followed): what an attach record stores for each target
+    file it symlinked, and what a reader compares a link out of the checkpoint against.
+
+    Raises:
+        OSError: ``path`` cannot be stat'ed.
+    """
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size
+
+
 @functools.lru_cache(maxsize=16)
 def _attach_symlinks(root: Path, stamp: int) -> dict[str, tuple[int, int, int]]:
-    """``{file: (device, inode, size)}`` of the target files ``attach --symlink`` linked into ``root``, from
-    ``root/dsparkhub_attach.json`` (``stamp`` is its mtime, so that a rewritten record is read again); ``{}`` without
+    """``{file: (device, inode, size)}`` of the target files ``attach --symlink`` linked into ``root``, from its
+    :data:`ATTACH_RECORD` (``stamp`` is the record's mtime, so that a rewritten record is read again); ``{}`` without
     a readable record."""
     try:
-        rec = json.loads((root / "dsparkhub_attach.json").read_text())
+        rec = json.loads((root / ATTACH_RECORD).read_text())
         if rec.get("tool") != "dsparkhub" or rec.get("command") != "attach":
             return {}
         return {k: tuple(v) for k, v in rec["target"]["links"].items()
@@ -340,14 +353,15 @@ def _attach_symlinks(root: Path, stamp: int) -> dict[str, tuple[int, int, int]]:
 
 def _recorded_attach_link(root: Path, rel: str, real: Path) -> bool:
     """An ``attach --symlink`` output's link to the target's own file: its attach record names the file's device,
-    inode and size as attach saw them, and the link must lead to that very file. A record copied or written
-    elsewhere cannot name another local file (the only other outside link a checkpoint may have)."""
+    inode and size as attach saw them (:func:`file_identity`), and the link must lead to that very file. A record
+    copied or written elsewhere cannot name another local file (the only other outside link a checkpoint may
+    have)."""
     try:
-        stamp = (root / "dsparkhub_attach.json").stat().st_mtime_ns
-        st = real.stat()
+        stamp = (root / ATTACH_RECORD).stat().st_mtime_ns
+        identity = file_identity(real)
     except OSError:
         return False
-    return _attach_symlinks(root, stamp).get(rel) == (st.st_dev, st.st_ino, st.st_size)
+    return _attach_symlinks(root, stamp).get(rel) == identity
 
 
 def _hf_cache_blob(root: Path, real: Path) -> bool:

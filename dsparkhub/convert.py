@@ -405,8 +405,7 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         return load
 
     def raw(info):  # plain copies stream file to file (writer.SourceBytes): no tensor enters memory
-        return lambda: SourceBytes(str(d.checkpoint.file_path(info)), info.start, info.nbytes, info.dtype,
-                                   info.shape)
+        return lambda: SourceBytes.of(d.checkpoint.file_path(info), info)
 
     # in the order the tensors lie in the source files, so that the output shards follow the sources front to back
     # (read once from the disk, by whichever of the copy and the provenance hash is ahead)

@@ -56,8 +56,8 @@ from .secrets import redact
 PROVENANCE_FILE = "dsparkhub_provenance.json"
 #: remote files a push never deletes even when the local folder lacks them (the Hub creates it with the repo).
 NEVER_DELETE = frozenset({".gitattributes"})
-#: local path components that are never pushed (caches, VCS, editor and OS litter).
 TRAINING_LAYOUTS = ("deepspec",)  # written by training, read by dsparkhub, not loaded by vLLM
+#: local path components that are never pushed (caches, VCS, editor and OS litter).
 SKIP_PARTS = frozenset({".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints", ".DS_Store"})
 #: Hub repo ids: ``namespace/name``, each part 1-96 of [A-Za-z0-9._-], not starting with ``.`` / ``-``, no ``--``
 #: or ``..`` (huggingface_hub ``validate_repo_id`` rules).
@@ -192,11 +192,11 @@ def git_blob_sha1(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def local_files(draft_dir: str | Path, left_out: list[str] | None = None) -> dict[str, Path]:
+def local_files(draft_dir: str | Path, left_out: dict[str, str] | None = None) -> dict[str, Path]:
     """The files a push would upload: every regular file under ``draft_dir``, by POSIX path relative to it.
 
     Skipped silently: :data:`SKIP_PARTS` anywhere in the path, ``*.tmp`` / ``*.lock`` / ``*.partial`` leftovers.
-    Left out and listed in ``left_out`` (``"path (why)"``): dotfiles and dot-folders (``.env`` ...; ``.gitattributes``
+    Left out and recorded in ``left_out`` (``{path: why}``): dotfiles and dot-folders (``.env`` ...; ``.gitattributes``
     excepted), pickle files (``.bin`` / ``.pt`` / ``.pth`` / ``.pkl`` / ``.ckpt``: a release ships safetensors, and a
     pickle runs code when loaded) and training state (``training_state*``, ``optimizer*``, ...).
 
@@ -218,7 +218,7 @@ def local_files(draft_dir: str | Path, left_out: list[str] | None = None) -> dic
         why = _left_out_reason(rel)
         if why:
             if left_out is not None:
-                left_out.append(f"{rel.as_posix()} ({why})")
+                left_out[rel.as_posix()] = why
             continue
         real = path.resolve()
         if real_root not in real.parents:
@@ -414,9 +414,10 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
     Steps: validate the drafter (refuse on errors unless ``force``); read the remote head and tree; compare every
     local file by hash (sha256 for LFS files, git blob sha1 for regular files); create the repo / branch when
     missing; one ``create_commit`` (adds for new / changed files, deletes for remote files absent locally except
-    :data:`NEVER_DELETE` and files the folder holds but left out, e.g. a pickle uploaded earlier) with ``parent_commit`` = the head read while planning, so a concurrent change fails cleanly;
-    read the remote tree of the new commit back and compare sizes and hashes. An unchanged release makes no commit.
-    An interrupted push completes when run again: LFS objects already on the Hub are not sent again.
+    :data:`NEVER_DELETE` and files the folder holds but left out, e.g. a pickle uploaded earlier) with
+    ``parent_commit`` = the head read while planning, so a concurrent change fails cleanly; read the remote tree
+    of the new commit back and compare sizes and hashes. An unchanged release makes no commit. An interrupted push
+    completes when run again: LFS objects already on the Hub are not sent again.
 
     Args:
         draft_dir: the converted drafter folder (``config.json``, ``model.safetensors``, provenance, card ...).
@@ -448,7 +449,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
     draft_dir = Path(draft_dir)
     check_repo_id(repo_id)
     revision = revision or "main"
-    left_out: list[str] = []
+    left_out: dict[str, str] = {}
     files = local_files(draft_dir, left_out)
     if not files:
         raise CheckpointNotFoundError("the drafter folder is empty: nothing to push", path=draft_dir)
@@ -494,11 +495,11 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         raise HubError(f"{repo_id}@{revision} has moved since the plan you reviewed: its head is "
                        f"{(head or 'absent')[:12]}, --expect-head says {expect_head[:12]}",
                        hint="run --dry-run again, review the new plan, and push with its head")
-    kept = {entry.rpartition(" (")[0] for entry in left_out}
+    kept = set(left_out)
     plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, _diff(files, hashes, remote, kept))
     report = PushReport(plan, dry_run=dry_run, validation=report_validation, forced=forced)
     if left_out:
-        report.notes.append("left out: " + ", ".join(left_out))
+        report.notes.append("left out: " + ", ".join(f"{path} ({why})" for path, why in left_out.items()))
     if kept & set(remote):
         report.notes.append(f"kept on the Hub although left out here: {', '.join(sorted(kept & set(remote)))} (a "
                             "push never deletes a file the folder still holds; delete it on the Hub if it should go)")

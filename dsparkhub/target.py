@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checkpoint import Checkpoint, TensorInfo, open_checkpoint
-from .errors import CheckpointNotFoundError, IncompatibleTargetError
+from .errors import CheckpointNotFoundError, HubError, IncompatibleTargetError
 
 #: embedding / LM-head tensor names seen in target checkpoints, most common first (HF Qwen3/Gemma4,
 #: multimodal wrappers, DeepSeek-V4 native names ``embed.weight`` / ``head.weight``).
@@ -127,8 +127,6 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
             return target_spec_from_manifest(name)
     if _REPO_ID.match(source) and not source.startswith((".", "/")):
         from .hub import remote_checkpoint
-
-        from .errors import HubError
 
         repo, _, revision = source.partition("@")
         try:

@@ -253,6 +253,12 @@ class SourceBytes:
     dtype: str
     shape: tuple[int, ...]
 
+    @classmethod
+    def of(cls, path: str | Path, info) -> "SourceBytes":
+        """The bytes of a tensor a checkpoint reader described (``dsparkhub.checkpoint.TensorInfo``: ``start``
+        from the start of the file, ``nbytes``, ``dtype``, ``shape``) in the file ``path`` that holds it."""
+        return cls(str(path), info.start, info.nbytes, info.dtype, info.shape)
+
 
 #: torch dtype name -> safetensors dtype code (safetensors ``torch.py`` _TYPES, inverted).
 _TORCH_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
@@ -362,6 +368,16 @@ def _coalesce(copies: list[tuple[SourceBytes, int, str]]) -> list[tuple[SourceBy
     return runs
 
 
+def _source_fd(sources: dict[str, int], path: str) -> int:
+    """The descriptor of source file ``path``, opened once per written file (read sequentially) and kept in
+    ``sources``; the caller closes them."""
+    if path not in sources:
+        sources[path] = os.open(path, os.O_RDONLY)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(sources[path], 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    return sources[path]
+
+
 def write_file(path: Path, head: bytes, copies: list[tuple[SourceBytes, int, str]],
                writes: Iterable[tuple[str, int, object]] = ()) -> None:
     """Create ``path`` from a header and tensor data placed at fixed offsets.
@@ -389,12 +405,8 @@ def write_file(path: Path, head: bytes, copies: list[tuple[SourceBytes, int, str
         _write_all(fd, head, 0)
         kill_point(f"wrote the header of {path.name}")
         for src, dst, names in _coalesce(copies):
-            if src.path not in sources:
-                sources[src.path] = os.open(src.path, os.O_RDONLY)
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(sources[src.path], 0, 0, os.POSIX_FADV_SEQUENTIAL)
             what = f"tensor {names[0]!r}" if len(names) == 1 else f"tensors {names[0]!r} to {names[-1]!r}"
-            _copy_range(src, sources[src.path], fd, what, dst)
+            _copy_range(src, _source_fd(sources, src.path), fd, what, dst)
             for name in names:
                 kill_point(f"wrote tensor {name} to {path.name}")
         for name, dst, tensor in writes:
@@ -463,10 +475,8 @@ def _write_direct(path: Path, head: bytes, copies: list[tuple[SourceBytes, int, 
                 off, size, what, payload = pieces[j]
                 a, b = max(off, start), min(off + size, start + n)
                 if isinstance(payload, SourceBytes):
-                    if payload.path not in sources:
-                        sources[payload.path] = os.open(payload.path, os.O_RDONLY)
-                    _read_into(sources[payload.path], view[a - start:b - start], payload.start + a - off,
-                               f"tensor {what!r}", payload)
+                    _read_into(_source_fd(sources, payload.path), view[a - start:b - start],
+                               payload.start + a - off, f"tensor {what!r}", payload)
                 elif isinstance(payload, bytes):
                     view[a - start:b - start] = payload[a - off:b - off]
                 else:

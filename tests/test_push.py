@@ -393,7 +393,7 @@ def test_local_files_skip_caches(tmp_path):
         (draft / name).write_bytes(b"x")
     (draft / ".secrets").mkdir()
     (draft / ".secrets" / "token.txt").write_text("hf_x")
-    left_out: list[str] = []
+    left_out: dict[str, str] = {}
     assert sorted(hub_mod.local_files(draft, left_out)) == sorted(
         ["README.md", "config.json", "dsparkhub_provenance.json", "model-00001-of-00002.safetensors",
          "model-00002-of-00002.safetensors", "model.safetensors.index.json", "sub/plot.png"])
@@ -574,7 +574,7 @@ def test_pickle_and_training_state_names_are_matched_loosely(tmp_path):
     draft = make_drafter(tmp_path / "draft")
     for name in ("b.pickle", "c.PKL", "w.Bin"):
         (draft / name).write_bytes(b"x")
-    left_out: list[str] = []
+    left_out: dict[str, str] = {}
     files = hub_mod.local_files(draft, left_out)
     assert not {"b.pickle", "c.PKL", "w.Bin"} & set(files)
     assert sorted(x.split(" ")[0] for x in left_out) == ["b.pickle", "c.PKL", "w.Bin"]
