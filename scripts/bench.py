@@ -512,9 +512,11 @@ def drop_page_cache() -> bool:
 
 
 def cache_note() -> str:
-    emptied = EMPTY_CACHE and os.access("/proc/sys/vm/drop_caches", os.W_OK)
-    return ("page cache emptied before each timed run" if emptied
-            else "source evicted from the page cache before each timed run (not root: the rest of the cache stays)")
+    if not EMPTY_CACHE:
+        return "source evicted from the page cache before each timed run (size tiny leaves the rest of the cache)"
+    if os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        return "page cache emptied before each timed run"
+    return "source evicted from the page cache before each timed run (not root: the rest of the cache stays)"
 
 
 def timed_shell(cmd: list[str], out_dir: Path | None = None, cold: list[Path] = ()) -> Run:
@@ -825,8 +827,9 @@ def bench_attach(work: Path, size: str) -> None:
     draft = (v4_real_drafter(work) if size == "full" else None) or small_draft
     shards = sorted(target.glob("*.safetensors"))
     tbytes, dbytes = sum(p.stat().st_size for p in shards), dir_bytes(draft)
-    ntensors = sum(len(json.loads(f.open("rb").read(8 + struct.unpack("<Q", f.open("rb").read(8))[0])[8:])) - 1
-                   for f in draft.glob("*.safetensors"))
+    from dsparkhub.checkpoint import read_header
+
+    ntensors = sum(len(read_header(f)[0]) for f in draft.glob("*.safetensors"))
     print(f"\n== attach: {fmt_b(dbytes)} drafter ({ntensors:,} tensors, real bytes) into a {fmt_b(tbytes)} "
           f"DeepSeek-V4-Flash-sized target ({len(shards)} shards, sparse); {cache_note()}, outputs fsynced "
           f"({load_note()})")
