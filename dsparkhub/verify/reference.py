@@ -36,7 +36,8 @@ import torch
 
 from .. import __version__
 from ..errors import VerifyError
-from ..modeling import ContextCache, Drafter, load_drafter, target_features
+from ..modeling import ContextCache, Drafter, count_parameters, load_drafter, target_features
+from ..torch_threads import threads_for, torch_threads
 from .stats import RunStats
 
 __all__ = ["ReferenceEngine", "rejection_step", "load_target"]
@@ -143,6 +144,9 @@ class ReferenceEngine:
             eos_token_id = [eos_token_id]
         self.eos_ids: set[int] = set() if ignore_eos or eos_token_id is None else {int(e) for e in eos_token_id}
         self._warm = False
+        # intra-op threads for the model size: small models run fastest on one (dsparkhub.torch_threads)
+        self.threads = threads_for(max(sum(p.numel() for p in self.target.parameters()),
+                                       count_parameters(drafter) if drafter is not None else 0), device=self._device)
         cfg = self.target.config
         self._vocab = int((cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg).vocab_size)
 
@@ -151,7 +155,7 @@ class ReferenceEngine:
         """What runs the engine, in words."""
         if self._device.type == "cuda":
             return f"{torch.cuda.get_device_name(self._device)} x1"
-        return f"{self._device.type} ({torch.get_num_threads()} threads)"
+        return f"{self._device.type} ({self.threads} thread{'s' if self.threads > 1 else ''})"
 
     def close(self) -> None:
         """Drop the models (the engine cannot run afterwards)."""
@@ -162,6 +166,13 @@ class ReferenceEngine:
 
     def run(self, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
             temperature: float = 0.0, seed: int = 0) -> RunStats:
+        """:meth:`_run` with ``self.threads`` intra-op threads (restored afterwards); same arguments and errors."""
+        with torch_threads(self.threads):
+            return self._run(prompts, num_speculative_tokens=num_speculative_tokens, max_new_tokens=max_new_tokens,
+                             temperature=temperature, seed=seed)
+
+    def _run(self, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
+             temperature: float = 0.0, seed: int = 0) -> RunStats:
         """Generate for each prompt (batch 1) and return outputs, counters and timings.
 
         Args:
