@@ -357,7 +357,6 @@ def test_cli_verify_usage_errors_exit_2(setup, args):
 @pytest.mark.slow
 def test_end_to_end_reference_engine_and_card(example, tmp_path):
     """Real reference engine on the embedded example: verify (lossless, τ > 1) then a card from the results."""
-    pytest.importorskip("dsparkhub.verify.reference", reason="helper A's reference engine is not in the tree yet")
     import torch
 
     torch.set_num_threads(1)
@@ -385,7 +384,6 @@ def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
     A random drafter accepts little, but the greedy lossless check, the counters' consistency and the card's
     refusal-free path are real.
     """
-    pytest.importorskip("dsparkhub.verify.reference", reason="helper A's reference engine is not in the tree yet")
     import torch
 
     from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
