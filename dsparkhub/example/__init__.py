@@ -17,6 +17,7 @@ renamed into place, one builder per key at a time. Nothing here touches the netw
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -30,9 +31,18 @@ from pathlib import Path
 from filelock import FileLock
 
 from ..errors import CheckpointNotFoundError, OutputExistsError
-from .layouts import (dflash_config_dict, dspark_config_dict, make_tiny_drafter, make_tiny_target,
-                      save_deepspec_step)
-from .train import EXAMPLE_RECIPE, SPECIAL_TOKENS, measure_example, train_example_into
+
+# The trainer and the layout writers import torch and transformers (seconds): loaded on first use, so laying out
+# the shipped example costs no import of either.
+_LAZY = {"EXAMPLE_RECIPE": "train", "SPECIAL_TOKENS": "train", "measure_example": "train",
+         "train_example_into": "train", "dflash_config_dict": "layouts", "dspark_config_dict": "layouts",
+         "make_tiny_drafter": "layouts", "make_tiny_target": "layouts", "save_deepspec_step": "layouts"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["Example", "build_example", "example_cache_root", "example_key", "shipped_example_dir", "shipped_key",
            "EXAMPLE_RECIPE", "SPECIAL_TOKENS", "dflash_config_dict", "dspark_config_dict", "make_tiny_drafter",
@@ -109,6 +119,8 @@ def example_key() -> str:
     here = Path(__file__).resolve().parent
     for path in (here / "train.py", here.parent / "modeling.py"):
         h.update(path.read_bytes())
+    from .train import EXAMPLE_RECIPE
+
     h.update(json.dumps(EXAMPLE_RECIPE, sort_keys=True).encode())
     h.update(f"{sys.version_info[:2]} {torch.__version__} {transformers.__version__} "
              f"{tokenizers.__version__}".encode())
@@ -140,7 +152,8 @@ def build_example(cache_dir: str | Path | None = None, *, force: bool = False, f
         final = root / f"example-trained-{example_key()}"
 
         def builder(tmp: Path) -> None:
-            train_example_into(tmp, progress=progress)
+            # looked up on the module at call time (lazily imported; tests stand a fake trainer in)
+            sys.modules[__name__].train_example_into(tmp, progress=progress)
     else:
         final = root / f"example-{shipped_key()}"
         builder = _lay_out_shipped
