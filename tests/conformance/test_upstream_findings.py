@@ -77,11 +77,12 @@ def test_zlab_output_without_a_layer_count_is_refused():
         plan_conversion(FIXTURES / "speculators-dflash", None, to="zlab-dflash")
 
 
-@pytest.mark.parametrize("to", ["zlab-dflash", "vllm"])
-def test_bidirectional_sliding_layers_stay_bidirectional(tmp_path, toy_target, to):
-    """Item 2: speculators' sliding_window_non_causal=true becomes is_causal=false, which vLLM 0.32
-    qwen3_dflash.py:86 _dflash_layer_causal and dflash's Qwen3DFlashAttention read first."""
-    out = convert(FIXTURES / "speculators-dspark-noncausal", tmp_path / "o", toy_target, to=to).out
+@pytest.mark.parametrize("name, to", [("speculators-dspark-noncausal", "vllm"),
+                                      ("speculators-dflash2", "zlab-dflash")])
+def test_bidirectional_sliding_layers_stay_bidirectional(tmp_path, toy_target, name, to):
+    """Item 2: speculators' sliding_window_non_causal=true (DFlash2's default) becomes is_causal=false, which
+    vLLM 0.32 qwen3_dflash.py:86 _dflash_layer_causal and dflash's Qwen3DFlashAttention read first."""
+    out = convert(FIXTURES / name, tmp_path / "o", toy_target, to=to).out
     cfg = _config(out)
     assert cfg["layer_types"] == ["sliding_attention"] and cfg["is_causal"] is False
     back = convert(out, tmp_path / "back", toy_target, to="speculators").out

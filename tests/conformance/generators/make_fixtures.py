@@ -46,6 +46,10 @@ SPECULATORS = {
                                      "--sliding-window", "8", "--target-layer-ids", "1", "2",
                                      "--sliding-window-non-causal", "--markov-rank", "8",
                                      "--enable-confidence-head"],
+    # DFlash2: conv + candidate selector; sliding_window_non_causal defaults to true for it
+    "speculators-dflash2": ["--speculator-type", "dflash2", "--num-layers", "1", "--block-size", "4",
+                            "--sliding-window", "8", "--target-layer-ids", "1", "2", "--conv-kernel-size", "2",
+                            "--conv-group-size", "8", "--selector-rank", "4", "--selector-top-k", "4"],
     # default EAGLE-3: norm_before_fc (input_norm.weight) and norm_output on
     "speculators-eagle3": ["--speculator-type", "eagle3", "--target-layer-ids", "1", "2", "3"],
 }
