@@ -96,7 +96,10 @@ def _plan(spec: DraftSpec, recipe: Recipe) -> tuple[dict, str | None]:
     if wrong or len(sliding) > 1:
         return {}, (f"layout {recipe.name!r} runs full-attention layers bidirectionally and all sliding layers "
                     f"alike (speculators 0.9.0 models/dflash/attention.py:43); this drafter has {shown}")
-    swnc = (not sliding.pop()) if sliding else _speculators_default(recipe, spec.variant)
+    # no sliding layer: speculators ignores the key, but vLLM 0.32's speculators reader applies
+    # `causal = not sliding_window_non_causal` to every layer (transformers_utils/configs/speculators/algos.py
+    # update_dflash), so true keeps the bidirectional full-attention layers bidirectional there too
+    swnc = (not sliding.pop()) if sliding else True
     return {"sliding_window_non_causal": swnc}, None
 
 

@@ -115,3 +115,12 @@ def test_default_output_of_a_dflash_drafter_is_what_vllm_loads(tmp_path, toy_tar
     res = convert(FIXTURES / name, tmp_path / "o", toy_target)
     assert res.plan.recipe.name == "zlab-dflash"
     assert _config(res.out)["architectures"] == [arch]
+
+
+def test_speculators_dspark_with_bidirectional_sliding_layers_warns_that_vllm_runs_them_causally():
+    """vLLM 0.32 speculators/algos.py update_dspark sets no dflash_config.causal (update_dflash does), so
+    qwen3_dflash.py:86 follows layer_types: the conformance suite sees vLLM build these layers causal."""
+    report = validate(FIXTURES / "speculators-dspark-noncausal")
+    assert [f.location.rsplit(" ", 1)[-1] for f in report.findings if f.code == "DSH114"] == \
+        ["sliding_window_non_causal"]
+    assert "DSH114" not in validate(FIXTURES / "speculators-dflash").codes
