@@ -126,7 +126,7 @@ def _names(spec: DraftSpec, table: dict) -> dict:
              "reduced_vocab": int(spec.draft_vocab_size != spec.vocab_size),
              "has_embed": 1, "has_lm_head": 1, "confidence_bias": 1}
     # a var's keys are looked up in the backbone config, then in the layout keys the recipe carries (extras:
-    # EAGLE-3 norm_before_fc, DFlash2 dflash_config.conv_kernel_size, ...)
+    # EAGLE-3 norm_before_fc, DFlash2 conv_kernel_size, ...)
     lookup = {**spec.extras, **c}
     for var, rule in (table.get("vars") or {}).items():
         value = next((lookup[k] for k in rule.get("keys") or [] if lookup.get(k) is not None), None)
