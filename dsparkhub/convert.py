@@ -231,6 +231,14 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             f"layout {recipe.name!r} cannot hold a {spec.family} {spec.variant} drafter (read as {spec.layout!r}); "
             "writing it there would lose or reinterpret tensors", path=d.checkpoint.path,
             hint="layouts that can: " + ", ".join(r.name for r in load_recipes() if can_hold(r, spec)))
+    from .causality import causality_refusal
+
+    why = causality_refusal(spec, recipe)
+    if why:
+        raise ConversionRefusedError(why + "; writing it there would change how the drafter attends",
+                                     path=d.checkpoint.path,
+                                     hint="convert to a layout that expresses it (zlab-dflash / vllm write `is_causal`)")
+    _fill_from_target(spec, t, recipe, d.checkpoint.path)
     computed = {}
     if draft_vocab is not None:
         if limits.get("full_vocab"):
@@ -280,6 +288,49 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
     if draft_vocab is not None:
         options["draft_vocab"] = dv.to_dict()
     return ConversionPlan(d, t, recipe, config, decisions, report, options, computed)
+
+
+def _fill_from_target(spec, t: TargetSpec | None, recipe: Recipe, path) -> None:
+    """Give ``spec`` what the output layout's loader requires and only the target can tell (notes say so).
+
+    - a speculators verifier (``speculators_config.verifier``): speculators 0.9.0 ``VerifierConfig`` needs
+      ``architectures`` (a list) and borrows the embedding / LM head from ``name_or_path``: the target's repo id when
+      known (manifest, Hub source), else the target folder as given; ``architectures`` from the target's config;
+    - ``num_target_layers`` for layouts whose loader reads it (dflash 0.1.0 ``DFlashDraftModel.__init__``).
+
+    Raises:
+        ConversionRefusedError: the layout needs one of them, the source does not say it and no target was given.
+    """
+    writes_verifier = recipe.write_key("verifier_architectures") is not None
+    if writes_verifier and not (spec.target_ref.get("architectures") and spec.target_ref.get("name_or_path")):
+        if t is None:
+            raise ConversionRefusedError(
+                f"layout {recipe.name!r} names the drafter's target (speculators_config.verifier: name_or_path and "
+                "architectures, required by speculators 0.9.0 VerifierConfig) and the source does not say it",
+                path=path, hint="pass --target (its repo id and config architectures are written)")
+        repo = t.source
+        if t.manifest:
+            from .manifests import get_manifest
+
+            repo = get_manifest(t.manifest).repo_id
+        elif not t.local:
+            repo = t.source.partition("@")[0]
+        filled = {"name_or_path": repo, "architectures": list(t.checkpoint.config.get("architectures") or [])}
+        if not filled["architectures"]:
+            raise ConversionRefusedError(f"the target {t.source} names no `architectures` in its config.json; "
+                                         "speculators' verifier needs them", path=t.source)
+        for key, value in filled.items():
+            if not spec.target_ref.get(key):
+                spec.target_ref[key] = value
+                spec.notes.append(f"speculators verifier {key} taken from the target: {value}")
+    if recipe.data.get("requires_num_target_layers") and spec.num_target_layers is None:
+        if t is None:
+            raise ConversionRefusedError(
+                f"layout {recipe.name!r} needs num_target_layers (dflash 0.1.0 DFlashDraftModel.__init__ reads "
+                "config.num_target_layers) and the source does not record it", path=path,
+                hint="pass --target (its num_hidden_layers is written)")
+        spec.num_target_layers = t.num_hidden_layers
+        spec.notes.append(f"num_target_layers taken from the target: {t.num_hidden_layers}")
 
 
 def _reduce_vocab(d: OpenedDraft, t: TargetSpec | None, recipe: Recipe, dv) -> dict:

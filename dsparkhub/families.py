@@ -120,12 +120,16 @@ def _names(spec: DraftSpec, table: dict) -> dict:
     c = spec.decoder_config
     names = {"H": spec.hidden_size, "V": spec.vocab_size, "Vd": spec.draft_vocab_size, "r": spec.markov_rank,
              "A": len(spec.target_layer_ids), "Ht": spec.target_hidden_size, "L": spec.num_layers,
-             "dspark": int(spec.variant == "dspark"), "confidence": int(spec.confidence_head),
+             "dspark": int(spec.variant == "dspark"),
+             "dflash2": int(spec.variant == "dflash2"), "confidence": int(spec.confidence_head),
              "with_markov": int(spec.confidence_head_with_markov),
              "reduced_vocab": int(spec.draft_vocab_size != spec.vocab_size),
              "has_embed": 1, "has_lm_head": 1, "confidence_bias": 1}
+    # a var's keys are looked up in the backbone config, then in the layout keys the recipe carries (extras:
+    # EAGLE-3 norm_before_fc, DFlash2 conv_kernel_size, ...)
+    lookup = {**spec.extras, **c}
     for var, rule in (table.get("vars") or {}).items():
-        value = next((c[k] for k in rule.get("keys") or [] if c.get(k) is not None), None)
+        value = next((lookup[k] for k in rule.get("keys") or [] if lookup.get(k) is not None), None)
         if value is None:
             value = evaluate(rule.get("default", "0"), names)
         names[var] = int(value) if isinstance(value, (bool, int)) else value

