@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import Any
 
 import msgspec
@@ -272,8 +271,8 @@ def _check_coverage(spans: list[tuple[int, int, str]], file: str, data_size: int
         if begin > pos:
             after = f"where {prev!r} ends" if prev is not None else "the start of the data section"
             raise CheckpointFormatError(
-                f"tensor {name!r} starts at data offset {begin}, expected {pos} ({after}): a gap of {begin - pos} "
-                "bytes between tensors (safetensors: InvalidOffset)", path=file, hint=_COVERAGE_RULE)
+                f"tensor {name!r} starts at data offset {begin}, expected {pos} ({after}): {begin - pos} bytes "
+                "no tensor covers (safetensors: InvalidOffset)", path=file, hint=_COVERAGE_RULE)
         pos, prev = end, name
     if data_size is not None and pos != data_size:
         last = f"the last tensor {prev!r}" if prev is not None else "the header, which lists no tensor,"
@@ -296,7 +295,8 @@ def parse_header_bytes(raw: bytes, *, file: str, data_size: int | None) -> tuple
 
     Raises:
         CheckpointFormatError: invalid UTF-8 / JSON, not an object, unknown dtype, bad shape, offsets that disagree
-            with the shape, overlap or leave the file, duplicate names, non-string metadata.
+            with the shape, overlap, leave a gap or leave the file, data bytes after the last tensor (when
+            ``data_size`` is known), duplicate names, non-string metadata.
     """
     with _gc_paused():
         return _parse_header_bytes(raw, file=file, data_size=data_size)
