@@ -201,13 +201,15 @@ def _print_report(report) -> None:
               max(_int_list(ctx, param, v)), help="The n you will serve with (3,5,7: the largest is checked).")
 @click.option("--layout", help="Force the drafter's layout instead of detecting it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--deep", is_flag=True, help="Also read the drafter's tensor data and report NaN / Inf (DSH207).")
 @handle_errors
 def validate(draft: str, target: str | None, num_speculative_tokens: int | None, layout: str | None,
-             as_json: bool) -> None:
-    """Check a drafter against its target and vLLM 0.32's contract (configs and headers only). Exit 1 on errors."""
+             as_json: bool, deep: bool) -> None:
+    """Check a drafter against its target and vLLM 0.32's contract (configs and headers only; --deep reads the
+    data too). Exit 1 on errors."""
     from .validate import validate as run_validate
 
-    report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout)
+    report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout, deep=deep)
     if as_json:
         echo_json(report.to_dict())
     else:

@@ -6,8 +6,8 @@ expected and what was found, and a hint. Sources of the rules: FORMATS.md §1, r
 (vLLM 0.32 ``qwen3_dspark.py`` load_weights, ``config/speculative.py``, ``spec_decode/utils.py``), DeepSpec
 ``validate_target_layer_ids`` / ``assert_no_final_target_layer``.
 
-Does not: read tensor data (the only exception is ``d2t``, a [Vd] int64 table, whose values must be checked), or
-run any model (``dsparkhub.verify``).
+Does not: read tensor data (the exceptions: ``d2t``, a [Vd] int64 table, whose values must be checked; and, opt-in
+with ``deep=True``, every floating tensor, scanned for NaN / Inf), or run any model (``dsparkhub.verify``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSH204": (ERROR, "fc input width is not (number of target layers) x (target hidden size)"),
     "DSH205": (ERROR, "reduced draft vocab without lm_head / d2t, or d2t values out of range"),
     "DSH206": (WARNING, "mixed floating dtypes across the drafter's weights"),
+    "DSH207": (ERROR, "a tensor holds NaN or Inf values (validate --deep; vLLM loads them and drafts garbage)"),
     "DSH301": (ERROR, "hidden size differs from the target's"),
     "DSH302": (ERROR, "vocab size differs from the target's"),
     "DSH303": (ERROR, "target layer id outside the target's layers"),
@@ -423,8 +424,76 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
                     expected=f"{ref.dtype} {list(ref.shape)}", found=f"{mine.dtype} {list(mine.shape)}")
 
 
+#: safetensors dtype codes whose values can be NaN / Inf, and the torch dtype they are read as (F8_E4M3 has NaN but
+#: no Inf; F8_E8M0's 0xFF is NaN).
+_NONFINITE_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+                     "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
+#: bytes of tensor data read at once by the deep check (memory stays at a few times this, whatever the tensor)
+DEEP_CHUNK_BYTES = 16 << 20
+
+
+def count_nonfinite(path: str | Path, start: int, nbytes: int, dtype: str) -> tuple[int, int, int | None]:
+    """Count the NaN and Inf values of one tensor's data, read from its file in :data:`DEEP_CHUNK_BYTES` chunks.
+
+    Args:
+        path: the safetensors file.
+        start: byte offset of the tensor's data in the file (header included).
+        nbytes: bytes of the tensor's data.
+        dtype: safetensors dtype code; one of the floating codes of :data:`_NONFINITE_DTYPES`.
+
+    Returns:
+        ``(NaN count, Inf count, flat index of the first non-finite element or None)``.
+
+    Raises:
+        CheckpointFormatError: the file ends inside the tensor.
+    """
+    import torch
+
+    from .errors import CheckpointFormatError
+
+    td = getattr(torch, _NONFINITE_DTYPES[dtype])
+    size = torch.empty((), dtype=td).element_size()
+    chunk = max(size, DEEP_CHUNK_BYTES // size * size)
+    nan = inf = 0
+    first = None
+    with open(path, "rb") as f:
+        f.seek(start)
+        done = 0
+        while done < nbytes:
+            raw = f.read(min(chunk, nbytes - done))
+            if not raw:
+                raise CheckpointFormatError(f"the file ends {nbytes - done} bytes before the end of a tensor's data",
+                                            path=path)
+            x = torch.frombuffer(bytearray(raw), dtype=td)
+            x = x if dtype in ("F16", "BF16", "F32", "F64") else x.float()  # isnan / isinf need a wide dtype
+            bad_nan, bad_inf = torch.isnan(x), torch.isinf(x)
+            n_nan, n_inf = int(bad_nan.sum()), int(bad_inf.sum())
+            if (n_nan or n_inf) and first is None:
+                first = done // size + int((bad_nan | bad_inf).nonzero()[0])
+            nan, inf, done = nan + n_nan, inf + n_inf, done + len(raw)
+    return nan, inf, first
+
+
+def _check_values(d: OpenedDraft, out: _Collector) -> None:
+    """``validate --deep``: every floating tensor of the drafter read back and scanned for NaN / Inf (DSH207)."""
+    if d.checkpoint.remote:
+        return
+    for name in sorted(d.checkpoint.tensors):
+        info = d.checkpoint.tensors[name]
+        if info.dtype not in _NONFINITE_DTYPES or not info.nbytes:
+            continue
+        nan, inf, first = count_nonfinite(d.checkpoint.file_path(info), info.start, info.nbytes, info.dtype)
+        if nan or inf:
+            out.add("DSH207", f"tensor {name!r} holds {nan} NaN and {inf} Inf values out of {info.numel} (first at "
+                    f"flat index {first}); vLLM loads them without a word and the drafter proposes garbage",
+                    location=f"{d.checkpoint.file_path(info)} tensor {name}", expected="finite values",
+                    found=f"{nan} NaN, {inf} Inf", hint="the training run diverged or the file was damaged; "
+                                                       "re-export from a healthy step")
+
+
 def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None = None, *,
-             num_speculative_tokens: int | None = None, layout: str | None = None) -> ValidationReport:
+             num_speculative_tokens: int | None = None, layout: str | None = None,
+             deep: bool = False) -> ValidationReport:
     """Check a drafter against vLLM 0.32's contract and, when given, its target — headers and configs only.
 
     Args:
@@ -432,6 +501,8 @@ def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | 
         target: local HF folder, Hub repo id, or an opened :class:`TargetSpec`; None skips the target checks.
         num_speculative_tokens: the n you intend to serve with, checked against the block size.
         layout: force the drafter's layout instead of detecting it.
+        deep: also read every floating tensor of the drafter and report NaN / Inf values (DSH207); reads all of
+            the drafter's bytes, in 16 MiB chunks.
 
     Returns:
         :class:`ValidationReport` with every finding; ``report.ok`` is False when any finding is an error.
@@ -444,6 +515,8 @@ def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | 
     t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
     out = _Collector()
     _check_intrinsic(d, out, num_speculative_tokens)
+    if deep:
+        _check_values(d, out)
     if t is not None:
         _check_target(d, t, out)
     findings = sorted(out.items, key=lambda f: (_ORDER[f.severity], f.code, f.location))

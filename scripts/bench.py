@@ -6,13 +6,16 @@ Usage::
     python scripts/bench.py all --size small        # every benchmark, ~200 MB of real bytes (minutes)
     python scripts/bench.py all --size full         # real scale: 1T-param Kimi skeleton, 3 GB and 11 GB drafters
                                                     # (needs ~40 GB free)
-    python scripts/bench.py validate|convert|attach|hash|push|verify --size tiny|small|full [--workdir DIR]
+    python scripts/bench.py validate|index|convert|attach|hash|push|verify --size tiny|small|full [--workdir DIR]
 
 Targets (issue 6; "PASS"/"MISS" is printed beside each):
 
 - validate / inspect of a Kimi-K2.6-sized target (about 1T parameters, 64 shards, sparse skeleton): < 0.5 s wall
   and < 200 MB peak RSS for the CLI run as a child process; the time follows the number of tensors, not shards or
   bytes (a 1 / 10 / 100-shard table is printed);
+- index (issue 18): validate against a Kimi-K2.6-shaped target (208,215 tensors) whose index is written the way
+  ``save_pretrained`` writes it (indent 2, sorted keys) and compactly: < 0.25 s wall and < 150 MB each, printed
+  beside a bare ``json.load`` of the same index file;
 - convert of a drafter holding real random bytes: throughput >= 0.8x ``cp`` of the same files on the same disk;
   peak RSS <= 2x the largest tensor + 300 MB;
 - attach into a DeepSeek-V4-Flash-sized target skeleton (sparse): time <= 1.2x writing the drafter alone, zero
@@ -477,6 +480,70 @@ def bench_validate(work: Path, size: str) -> None:
         print(f"    {ns:>6} {nt:>9,} {fmt_b(nb):>10} {rr.wall:>7.3f} {rr.cpu:>6.2f} {fmt_b(rr.maxrss):>9}")
     print("    (one shard = no index: every header is parsed; with an index only the index and the shards holding "
           "the embedding / LM head are)")
+
+
+INDEX_FORMATS = {
+    # transformers save_pretrained / huggingface_hub: json.dumps(index, indent=2, sort_keys=True) + "\n"
+    "save_pretrained (indent=2, sorted keys)": {"indent": 2, "sort_keys": True},
+    "compact": {"separators": (",", ":")},
+}
+
+
+def bench_index(work: Path, size: str) -> None:
+    """validate against a Kimi-K2.6-shaped target (208,215 tensors at small / full) whose index is written the way
+    ``save_pretrained`` writes it and compactly, each beside a bare ``json.load`` of the same index file (issue 18).
+
+    The target has no ``dsparkhub_skeleton.json`` marker: it stands for a checkpoint made elsewhere. Each figure is
+    the median of 5 child runs; the baseline is the median of 5 child processes that only ``json.load`` the index
+    (interpreter start-up included, as in the measured command), and the same load timed in-process.
+    """
+    print(f"\n== index: validate against a Kimi-K2.6-shaped target, two index formats ({load_note()})")
+    reps = 1 if size == "tiny" else 5
+    layers = 4 if size == "tiny" else 61
+    draft = work / f"kimi-drafter-L{layers}"
+    if not (draft / "config.json").exists():
+        kimi_drafter(draft, target_layers=layers)
+    base = work / f"index-target-L{layers}"
+    if not (base / ".complete").exists():
+        shutil.rmtree(base, ignore_errors=True)
+        if size == "tiny":
+            write_skeleton(base, kimi_target_config(layers, 8), kimi_target_tensors(layers, 8), 8, single_name=False)
+        else:
+            from dsparkhub.skeleton import write_skeleton as manifest_write
+
+            manifest_write("kimi-k2.6", base)
+            (base / "dsparkhub_skeleton.json").unlink()
+        (base / ".complete").write_text("")
+    index = json.loads((base / "model.safetensors.index.json").read_text())
+    load = [PY, "-c", "import json, sys; json.load(open(sys.argv[1]))"]
+    for label, kw in INDEX_FORMATS.items():
+        folder = work / f"index-target-L{layers}-{'sorted' if kw.get('sort_keys') else 'compact'}"
+        if not (folder / ".complete").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            for f in base.iterdir():
+                if f.name.endswith(".safetensors"):
+                    os.link(f, folder / f.name)  # same tensors, one set of (sparse) blocks
+            shutil.copyfile(base / "config.json", folder / "config.json")
+            (folder / "model.safetensors.index.json").write_text(json.dumps(index, **kw) + "\n")
+            (folder / ".complete").write_text("")
+        path = folder / "model.safetensors.index.json"
+        runs, loads, inproc = [], [], []
+        for _ in range(reps):  # interleaved, so a busy spell hits both alike
+            runs.append(run_child(dsparkhub_cli("validate", draft, "--target", folder)))
+            loads.append(run_child([*load, path]))
+            t0 = time.perf_counter()
+            with open(path) as fh:
+                json.load(fh)
+            inproc.append(time.perf_counter() - t0)
+        r, j = median_run(runs), median_run(loads)
+        n = len(index["weight_map"])
+        report("index", f"validate vs {n:,}-tensor target, index {label} ({fmt_b(path.stat().st_size)}): "
+               f"{r.wall:.3f} s wall / {r.cpu:.2f} s CPU, peak RSS {fmt_b(r.maxrss)} (median of {reps}; "
+               f"{_spread(runs)})",
+               f"bare json.load of the same index: {j.wall:.3f} s as a process, "
+               f"{sorted(inproc)[len(inproc) // 2]:.3f} s in-process; target < 0.25 s, < 150 MB",
+               fast_enough(r, 0.25) and r.maxrss < 150e6)
 
 
 def sync_files(paths) -> None:
@@ -999,7 +1066,7 @@ def bench_verify(work: Path, size: str) -> None:
 
 # ---- entry point ----------------------------------------------------------------------------------------------
 
-BENCHES = {"validate": bench_validate, "convert": bench_convert, "attach": bench_attach, "hash": bench_hash,
+BENCHES = {"validate": bench_validate, "index": bench_index, "convert": bench_convert, "attach": bench_attach, "hash": bench_hash,
            "push": bench_push, "verify": bench_verify}
 
 
