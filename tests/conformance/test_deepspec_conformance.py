@@ -1,0 +1,94 @@
+"""DeepSpec conformance: the run folder in ``tests/conformance/deepspec/`` was written by DeepSpec's own
+``Qwen3DSparkTrainer.build_models`` + ``ckpt_manager.save_checkpoint`` (``deepspec/generate.py``, commit in
+``deepspec/UPSTREAM.json``). These tests read only the committed files; DeepSpec itself is not needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dsparkhub.errors import CheckpointNotFoundError
+
+FIXTURE = Path(__file__).parent / "deepspec"
+RUN, TARGET = FIXTURE / "run", FIXTURE / "target"
+
+
+def _deepspec_run_at(root: Path) -> Path:
+    """The fixture's run folder re-created under ``root`` with ``step_latest`` written by DeepSpec's rule:
+    ``Path(step_dir).resolve()`` (deepspec/utils/io.py:13 safe_symlink), an absolute link."""
+    run = root / "run"
+    run.mkdir(parents=True)
+    shutil.copytree(RUN / "step_2", run / "step_2")
+    (run / "step_latest").symlink_to((run / "step_2").resolve())
+    return run
+
+
+def test_fixture_is_what_deepspec_writes():
+    upstream = json.loads((FIXTURE / "UPSTREAM.json").read_text())
+    assert upstream["producer"] == "deepseek-ai/DeepSpec" and len(upstream["commit"]) == 40
+    link = os.readlink(RUN / "step_latest")
+    assert os.path.isabs(link) and Path(link).name == "step_2"  # DeepSpec always writes an absolute link
+    assert not Path(link).exists()  # the folder it names is the generating machine's, gone since
+    names = sorted(p.name for p in (RUN / "step_2").iterdir())
+    assert names == ["config.json", "model.safetensors", "train_config.py", "training_state.rank0.pt"]
+
+
+def test_copied_run_reads_its_own_step_not_the_original(tmp_path):
+    """Issue 12 item 4: a copied run's absolute ``step_latest`` still names the original; the copy's step is read."""
+    from dsparkhub.checkpoint import resolve_step_dir
+    from dsparkhub.recipes import open_draft
+
+    original = _deepspec_run_at(tmp_path / "A")
+    copy = tmp_path / "B" / "run"
+    shutil.copytree(original, copy, symlinks=True)
+    assert Path(os.readlink(copy / "step_latest")) == (original / "step_2").resolve()
+    # the original keeps training / is edited after the copy: reading it instead would be silently wrong
+    cfg = json.loads((original / "step_2" / "config.json").read_text())
+    cfg["block_size"] = 8
+    (original / "step_2" / "config.json").write_text(json.dumps(cfg))
+
+    assert resolve_step_dir(copy) == copy / "step_2"
+    assert open_draft(copy).spec.block_size == 4
+    assert resolve_step_dir(original) == (original / "step_2").resolve()  # the uncopied run is read as before
+    assert open_draft(original).spec.block_size == 8
+
+
+def test_committed_copy_with_dangling_absolute_link_reads_its_own_step():
+    from dsparkhub.checkpoint import resolve_step_dir
+    from dsparkhub.validate import validate
+
+    assert resolve_step_dir(RUN) == RUN / "step_2"
+    report = validate(RUN, TARGET)
+    assert report.ok, report.errors
+    assert report.draft == str(RUN / "step_2")
+
+
+def test_link_outside_the_run_without_a_same_named_step_is_refused(tmp_path):
+    from dsparkhub.checkpoint import resolve_step_dir
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN / "step_2", run / "step_1")
+    elsewhere = _deepspec_run_at(tmp_path / "elsewhere")
+    (run / "step_latest").symlink_to((elsewhere / "step_2").resolve())
+    with pytest.raises(CheckpointNotFoundError) as exc:
+        resolve_step_dir(run)
+    msg = str(exc.value)
+    assert "step_latest" in msg and str((elsewhere / "step_2").resolve()) in msg and "step_2" in msg
+    assert "step_1" in (exc.value.hint or "")
+
+
+def test_load_drafter_and_convert_resolve_run_folders_the_same_way(tmp_path):
+    """Issue 14: one resolver. Without ``step_latest`` both refuse (DeepSpec writes the link last, after the step's
+    files: a step without it may be half-saved, ckpt_manager.py save_checkpoint)."""
+    from dsparkhub import modeling
+    from dsparkhub.checkpoint import resolve_step_dir
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN / "step_2", run / "step_2")
+    for resolve in (resolve_step_dir, lambda p: modeling.load_drafter(p)):
+        with pytest.raises(CheckpointNotFoundError, match="step_latest"):
+            resolve(run)
