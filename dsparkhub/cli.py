@@ -227,6 +227,8 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--force", is_flag=True, help="Convert even when validation against the target finds errors.")
 @click.option("--keep-embeddings", is_flag=True, help="Keep embed_tokens / lm_head copies even when identical "
               "to the target's.")
+@click.option("--allow-different-embeddings", is_flag=True, help="Convert even when a frozen embedding / LM-head "
+              "copy (DeepSpec) differs from the target's (DSH312: trained for another target); the copy is kept.")
 @click.option("--max-shard-size", type=_ByteSize(), help="Output shard cap: bytes, or 500MB / 4GiB / ... (default: "
               "largest tensor + 256 MiB).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
@@ -244,8 +246,9 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--copy", "link", flag_value="copy", help="With --attach: copy the target's files.")
 @click.option("--allow-pickle", is_flag=True, help=_ALLOW_PICKLE_HELP)
 @handle_errors
-def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max_shard_size, dry_run, as_json,
-            draft_vocab, draft_vocab_from, declare_block_layout, attach_to, link, allow_pickle):
+def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, allow_different_embeddings,
+            max_shard_size, dry_run, as_json, draft_vocab, draft_vocab_from, declare_block_layout, attach_to, link,
+            allow_pickle):
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
     from .convert import convert as run_convert, plan_conversion
 
@@ -264,7 +267,8 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
         raise click.UsageError("--draft-vocab N and --draft-vocab-from DATASET go together")
     plan = plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
                            declare_block_layout=declare_block_layout, draft_vocab=draft_vocab,
-                           draft_vocab_from=list(draft_vocab_from))
+                           draft_vocab_from=list(draft_vocab_from),
+                           allow_different_embeddings=allow_different_embeddings)
     if dry_run:
         if as_json:
             echo_json(plan.to_dict())

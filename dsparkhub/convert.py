@@ -30,7 +30,7 @@ from .hashing import sha256_file, sha256_files
 from .recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
                       resolve_output_recipe, write_config)
 from .target import TargetSpec, open_target
-from .validate import ValidationReport, validate
+from .validate import Finding, ValidationReport, validate
 from .writer import SourceBytes, atomic_output, refuse_overlap, write_json, write_shards
 
 PROVENANCE_NAME = "dsparkhub_provenance.json"
@@ -127,6 +127,20 @@ def _same_bytes(d: OpenedDraft, name: str, t: TargetSpec, which: str) -> tuple[b
                              f"{mine.nbytes})")
 
 
+def _frozen_copy_finding(d: OpenedDraft, name: str, t: TargetSpec, which: str, why: str) -> Finding:
+    """DSH312 for a frozen copy (``frozen_copies`` of the source recipe) whose bytes differ from the target's."""
+    ref, mine = getattr(t, which), d.spec.tensors[name]
+    file = Path(d.checkpoint.path) / mine.file
+    return Finding("DSH312", "error", f"{file}: the drafter's frozen copy {d.spec.source_names.get(name, name)} "
+                   f"{why} (the target is {t.source})", f"tensor {name}",
+                   expected=f"the bytes of {t.source}'s {ref.name} ({ref.dtype} {list(ref.shape)})",
+                   found=f"other bytes ({mine.dtype} {list(mine.shape)})",
+                   hint=f"{d.recipe.name} trains this tensor frozen as a copy of its target's (DeepSpec "
+                        "deepspec/trainer/base_trainer.py build_models: initialize_embeddings_and_head(freeze=True)), "
+                        "so the drafter was trained for another target; pass the target it was trained on, or "
+                        "--allow-different-embeddings to convert it anyway (the copy is kept)")
+
+
 def _first_difference(path_a: Path, start_a: int, path_b: Path, start_b: int, nbytes: int,
                       chunk: int = 1 << 20) -> int | None:
     """Offset of the first byte that differs between two equally long byte ranges, None when identical.
@@ -161,7 +175,8 @@ def _first_difference(path_a: Path, start_a: int, path_b: Path, start_b: int, nb
 def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
                     layout: str | None = None, force: bool = False, keep_embeddings: bool = False,
                     declare_block_layout: str | None = None, draft_vocab: int | None = None,
-                    draft_vocab_from: list[str] | None = None) -> ConversionPlan:
+                    draft_vocab_from: list[str] | None = None,
+                    allow_different_embeddings: bool = False) -> ConversionPlan:
     """Decide a conversion from headers (and the embedding / LM-head bytes), writing nothing.
 
     Args:
@@ -177,9 +192,12 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         draft_vocab: Vd: write a reduced draft vocab of the Vd most frequent target tokens of ``draft_vocab_from``
             (``dsparkhub.draft_vocab``): ``lm_head`` and ``markov_w2`` rows of those ids, and ``d2t``.
         draft_vocab_from: dataset specs counted for ``draft_vocab`` (as ``verify --datasets``).
+        allow_different_embeddings: convert a drafter whose frozen embedding / LM-head copy (the source recipe's
+            ``frozen_copies``: DeepSpec) differs from the target's; the copy is kept and DSH312 stays in the report.
 
     Raises:
-        ValidationFailedError: validation against the target found errors and ``force`` is False.
+        ValidationFailedError: validation against the target found errors and ``force`` is False; or a frozen copy
+            differs from the target's bytes (DSH312) and neither ``allow_different_embeddings`` nor ``force``.
         ConversionRefusedError: the output layout cannot express the drafter's block layout or family.
         DsparkhubError subclasses from reading the source or target.
     """
@@ -243,6 +261,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         computed = _reduce_vocab(d, t, recipe, dv)
     config = write_config(spec, recipe)
     decisions: list[TensorDecision] = []
+    frozen: list[Finding] = []
     for name, (dtype, shape, _) in computed.items():
         if name not in spec.tensors:  # d2t / t2d, or an lm_head taken from the target
             decisions.append(TensorDecision(name, "reduce", recipe.to_layout(name, num_layers=spec.num_layers),
@@ -263,11 +282,9 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             if same:
                 decisions.append(TensorDecision(name, "drop", None, why + "; vLLM shares the target's"))
                 continue
-            note = "; kept (vLLM uses the drafter's own)"
-            if name == "embed_tokens.weight" and d.recipe.name == "deepspec":
-                note += ("; DeepSpec trains with the target's embedding frozen, so this drafter was probably "
-                         "trained for another target")
-            decisions.append(TensorDecision(name, "copy", out_name, why + note))
+            if same is False and name in (d.recipe.data.get("frozen_copies") or []):
+                frozen.append(_frozen_copy_finding(d, name, t, which, why))
+            decisions.append(TensorDecision(name, "copy", out_name, why + "; kept (vLLM uses the drafter's own)"))
             continue
         decisions.append(TensorDecision(name, "copy", out_name))
     for name in recipe.data.get("write", {}).get("derive") or []:
@@ -275,8 +292,15 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         if name not in spec.tensors and all(i in spec.tensors for i in inputs):
             decisions.append(TensorDecision(name, "derive", recipe.to_layout(name, num_layers=spec.num_layers),
                                             f"computed from {', '.join(inputs)} (layout {recipe.name!r} ships it)"))
+    if frozen:
+        report.findings = sorted(report.findings + frozen, key=lambda f: (f.severity != "error", f.code, f.location))
+        if not (allow_different_embeddings or force):
+            raise ValidationFailedError(f"[DSH312] {frozen[0].message}", report=report, path=d.checkpoint.path,
+                                        hint=frozen[0].hint)
     options = {"to": recipe.name, "layout": d.recipe.name, "force": force, "keep_embeddings": keep_embeddings,
                "declare_block_layout": declare_block_layout}
+    if allow_different_embeddings:
+        options["allow_different_embeddings"] = True
     if draft_vocab is not None:
         options["draft_vocab"] = dv.to_dict()
     return ConversionPlan(d, t, recipe, config, decisions, report, options, computed)
@@ -358,11 +382,11 @@ def _pickle_origin_files(folder: Path) -> list[Path]:
 def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
             layout: str | None = None, overwrite: bool = False, force: bool = False, keep_embeddings: bool = False,
             max_shard_bytes: int | None = None, plan: ConversionPlan | None = None,
-            pickle_origin: str | Path | None = None) -> ConversionResult:
+            pickle_origin: str | Path | None = None, allow_different_embeddings: bool = False) -> ConversionResult:
     """Convert ``src`` into ``out`` (see the module docstring for the rules).
 
     Args:
-        src, target, to, layout, force, keep_embeddings: as in :func:`plan_conversion`.
+        src, target, to, layout, force, keep_embeddings, allow_different_embeddings: as in :func:`plan_conversion`.
         out: output folder; must not exist unless ``overwrite``.
         overwrite: replace an existing ``out`` (atomically: the old one is removed only after the new one is in
             place).
@@ -383,7 +407,8 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     out = Path(out)
     if out.exists() and not overwrite:
         raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
-    plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings)
+    plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
+                                   allow_different_embeddings=allow_different_embeddings)
     d = plan.draft
     refuse_overlap(out, {"drafter": src, "drafter step": d.checkpoint.path, "pickle source": pickle_origin,
                          "target": plan.target.source if plan.target is not None and plan.target.local else None})

@@ -22,6 +22,10 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
 - ``variant: {key: K, values: {...}, default: ...}`` and ``family_by_key: {key: K, values: {...}}``: read from a key;
 - ``block_layout.default_by_variant``: the layout assumed when the key is absent, per variant;
 - ``target_layer_ids_numbering: {key: model_type, values: {deepseek_v4: hidden_state_index, ...}}``;
+- ``frozen_copies``: canonical names of target tensors the layout's trainer copies frozen (DeepSpec: embedding and
+  LM head); ``convert`` refuses a copy whose bytes differ from the target's (DSH312);
+- ``confidence_head_default`` / ``confidence_head_with_markov_default``: the value when the config has no key for
+  it (DeepSeek-V4: both true, as vLLM 0.32 builds the head whatever the config says);
 - ``extra_keys``: layout keys carried in :attr:`DraftSpec.extras` and written back by recipes that list them too;
 - ``tensors.keep``: regular expressions; tensors matching none are not the drafter's (the target's, for attached
   layouts) and are ignored without a note;
@@ -538,7 +542,8 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
         markov_head_type=_field(cfg, recipe, "markov_head_type", "vanilla" if markov_rank else None),
         confidence_head=bool(_field(cfg, recipe, "confidence_head", recipe.data.get("confidence_head_default",
                                                                                    False))),
-        confidence_head_with_markov=bool(_field(cfg, recipe, "confidence_head_with_markov", False)),
+        confidence_head_with_markov=bool(_field(cfg, recipe, "confidence_head_with_markov",
+                                                recipe.data.get("confidence_head_with_markov_default", False))),
         vocab_size=vocab, draft_vocab_size=draft_vocab,
         mask_token_id=_int_field(cfg, recipe, "mask_token_id", path),
         hidden_size=hidden,

@@ -46,6 +46,8 @@ CODES: dict[str, tuple[str, str]] = {
     "DSH305": (ERROR, "embedding / LM-head copy has another shape or dtype than the target's"),
     "DSH306": (ERROR, "the drafter records a different number of target layers than the target has"),
     "DSH307": (WARNING, "the target's embedding or LM head could not be found in its headers"),
+    "DSH311": (ERROR, "a DSpark drafter of one backbone family checked against a target of another family"),
+
     "DSH401": (WARNING, "num_speculative_tokens larger than what one block was trained to propose"),
     "DSH402": (INFO, "num_speculative_tokens smaller than what one block proposes"),
 }
@@ -56,13 +58,17 @@ CODES: dict[str, tuple[str, str]] = {
 LAYOUT_CODES: dict[str, tuple[str, str]] = {
     "DSH109": (ERROR, "a Kimi K3 MLA DSpark config vLLM 0.32's K3DSparkConfig refuses"),
     "DSH110": (INFO, "num_nextn_predict_layers differs from the mtp.* stages (the stages are trusted)"),
-    "DSH111": (WARNING, "n_mtp_layers differs from the mtp.* stages in the checkpoint (the tensors are trusted)"),
+    "DSH111": (ERROR, "the DSpark stage count vLLM 0.32 builds (n_mtp_layers, else 3; V4.1: else "
+                      "num_nextn_predict_layers) differs from the mtp.* stages in the checkpoint"),
     "DSH112": (ERROR, "the drafter's stages do not hold the same parameters"),
     "DSH113": (WARNING, "a speculators DSpark / DFlash config without sample_from_anchor (vLLM reads 1+N, speculators "
                         "trains anchor-first by default)"),
     "DSH308": (WARNING, "the embedding output (layer id -1 / hidden-state index 0) among the ids: a numbering mix-up?"),
     "DSH309": (WARNING, "target layer ids are the target's usual ids shifted by one (a numbering mix-up)"),
     "DSH310": (WARNING, "the drafter names another target (speculators verifier) than the one it is checked against"),
+    # found by `convert`, which compares the copies' bytes (validate reads headers only); tests/conformance
+    "DSH312": (ERROR, "a frozen embedding / LM-head copy differs from the target's bytes (trained for another "
+                      "target)"),
 }
 ALL_CODES = {**CODES, **LAYOUT_CODES}
 
@@ -273,13 +279,25 @@ def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:
                 found="absent", hint="check how it was trained, then convert with --declare-block-layout "
                                      "anchor_first if needed (convert always writes the key)")
     if d.recipe.stages:
-        for key, code in (("num_nextn_predict_layers", "DSH110"), ("n_mtp_layers", "DSH111")):
-            declared = cfg.get(key)
-            if declared is not None and declared != spec.num_layers:
-                out.add(code, f"`{key}` says {declared} but the checkpoint holds {spec.num_layers} drafter stages "
-                        f"(mtp.0 .. mtp.{spec.num_layers - 1}); dsparkhub trusts the tensors",
-                        location=f"{cfg_file} key {key}", expected=spec.num_layers, found=declared,
-                        hint="vLLM's DSpark path counts stages from the checkpoint, not from this key")
+        # vLLM 0.32 DSparkDeepseekV4Model.__init__: `n_mtp_layers or 3` (deepseek_v4/nvidia/dspark.py:111); V4.1:
+        # `n_mtp_layers or num_nextn_predict_layers or 3` (deepseek_v41/nvidia/dspark.py:89-93). Too few built stages
+        # make the extra mtp.{i}.* a KeyError at load; too many leave stages uninitialised.
+        v41 = cfg.get("model_type") == "deepseek_v41"
+        n_mtp, nextn = cfg.get("n_mtp_layers"), cfg.get("num_nextn_predict_layers")
+        key = "n_mtp_layers" if n_mtp else "num_nextn_predict_layers" if v41 and nextn else None
+        built = cfg[key] if key else 3
+        if built != spec.num_layers:
+            source = f"from `{key}`" if key else "its default: n_mtp_layers is absent" + (
+                "" if v41 else " and V4 does not read num_nextn_predict_layers")
+            out.add("DSH111", f"vLLM 0.32 builds {built} DSpark stages ({source}) but the checkpoint holds "
+                    f"{spec.num_layers} (mtp.0 .. mtp.{spec.num_layers - 1})",
+                    location=f"{cfg_file} key {key or 'n_mtp_layers'}", expected=spec.num_layers, found=built,
+                    hint=f"set n_mtp_layers: {spec.num_layers} (`dsparkhub convert` / `attach` write it)")
+        if nextn is not None and nextn != spec.num_layers and key != "num_nextn_predict_layers":
+            out.add("DSH110", f"`num_nextn_predict_layers` says {nextn} but the checkpoint holds {spec.num_layers} "
+                    f"drafter stages (mtp.0 .. mtp.{spec.num_layers - 1}); vLLM's DSpark path does not read it here",
+                    location=f"{cfg_file} key num_nextn_predict_layers", expected=spec.num_layers, found=nextn,
+                    hint="vLLM's DSpark path counts stages from n_mtp_layers")
     numbering = d.recipe.data.get("target_layer_ids_numbering")
     keys = d.recipe.read_keys("target_layer_ids")
     if numbering == "hidden_state_index" and -1 in spec.target_layer_ids:
@@ -349,6 +367,7 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
     if spec.draft_vocab_size > t.vocab_size:
         out.add("DSH205", "draft vocab larger than the target vocab", location=f"{cfg_file} key draft_vocab_size",
                 expected=f"<= {t.vocab_size}", found=spec.draft_vocab_size)
+    _check_family(d, t, out)
     L = t.num_hidden_layers
     ids = spec.target_layer_ids
     outside = [i for i in ids if not -1 <= i < L]
@@ -407,6 +426,28 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
             out.add("DSH305", f"the drafter's {own} is {mine.dtype} {list(mine.shape)}, the target's {ref.name} is "
                     f"{ref.dtype} {list(ref.shape)}", location=f"tensor {own}",
                     expected=f"{ref.dtype} {list(ref.shape)}", found=f"{mine.dtype} {list(mine.shape)}")
+
+
+def _check_family(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
+    """A DSpark drafter serves targets of its own backbone family only: vLLM 0.32 has one DSpark class per family
+    (qwen3_dspark.py, gemma4_dspark.py, deepseek_v4/*/dspark.py, K3DSparkConfig) and DeepSpec one trainer per target
+    family (deepspec/trainer/dspark_trainer.py Qwen3DSparkTrainer / Gemma4DSparkTrainer). DFlash / EAGLE-3 drafters
+    are exempt: z-lab ships Qwen3-backbone DFlash drafters for Llama and gpt-oss targets."""
+    from .families import family_of_target
+
+    spec = d.spec
+    if spec.variant != "dspark" and spec.layout != "deepspec":
+        return
+    theirs = family_of_target(t.model_type)
+    if theirs is None or theirs == spec.family:
+        return
+    out.add("DSH311", f"the drafter is a {spec.family} {spec.variant} drafter ({spec.architecture or spec.layout}) "
+            f"but the target {t.source} is {t.model_type!r}, a {theirs} model", location=str(
+                Path(d.checkpoint.path) / "config.json") + " key architectures",
+            expected=theirs, found=spec.family,
+            hint=f"a DSpark drafter is trained for one target family and vLLM 0.32 serves a {theirs} target's DSpark "
+                 f"drafter with its own class (converters/families/{theirs}.yaml target_model_types); is "
+                 f"{t.source} the target this drafter was trained on?")
 
 
 def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None = None, *,

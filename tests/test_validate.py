@@ -144,6 +144,12 @@ def _case_307(tmp, t):
     return _drafter(tmp, tied), tied, None
 
 
+def _case_311(tmp, t):
+    from dsparkhub.testing.factories import make_gemma4_target
+
+    return _drafter(tmp, t), make_gemma4_target(tmp / "gemma4"), None
+
+
 def _case_401(tmp, t):
     return _drafter(tmp, t), t, 9
 

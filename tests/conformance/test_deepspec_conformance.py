@@ -92,3 +92,65 @@ def test_load_drafter_and_convert_resolve_run_folders_the_same_way(tmp_path):
     for resolve in (resolve_step_dir, lambda p: modeling.load_drafter(p)):
         with pytest.raises(CheckpointNotFoundError, match="step_latest"):
             resolve(run)
+
+
+def _target_with_other_embedding(folder: Path) -> Path:
+    """The fixture target with another (same shape, same dtype) input embedding: a target the drafter was not
+    trained for."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(TARGET, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["model.embed_tokens.weight"] = torch.roll(tensors["model.embed_tokens.weight"], 1, dims=0).contiguous()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def test_frozen_embedding_copy_that_differs_from_the_target_is_an_error(tmp_path):
+    """Issue 12 item 7: DeepSpec copies the target's embedding and LM head frozen (base_trainer.py build_models ->
+    initialize_embeddings_and_head(freeze=True)); a copy that differs means another target."""
+    from dsparkhub.convert import plan_conversion
+    from dsparkhub.errors import ValidationFailedError
+
+    plan = plan_conversion(RUN, TARGET)  # the real target: both copies byte-identical, dropped
+    assert {x.name: x.action for x in plan.decisions}["embed_tokens.weight"] == "drop"
+    other = _target_with_other_embedding(tmp_path / "other")
+    with pytest.raises(ValidationFailedError) as exc:
+        plan_conversion(RUN, other)
+    f = [x for x in exc.value.report.findings if x.code == "DSH312"]
+    assert len(f) == 1 and f[0].severity == "error" and f[0].location == "tensor embed_tokens.weight"
+    assert "model.embed_tokens.weight" in f[0].message and "step_2" in f[0].message
+    assert "base_trainer.py" in f[0].hint and "--allow-different-embeddings" in f[0].hint
+    assert f[0].expected and f[0].found and f[0].expected != f[0].found
+    plan = plan_conversion(RUN, other, allow_different_embeddings=True)  # asked for: kept, reported
+    decisions = {x.name: x for x in plan.decisions}
+    assert decisions["embed_tokens.weight"].action == "copy" and decisions["lm_head.weight"].action == "drop"
+    assert "DSH312" in plan.report.codes and not plan.report.ok
+
+
+@pytest.mark.parametrize("family", ["gemma4", "deepseek-v4"])
+def test_qwen3_drafter_against_a_same_size_target_of_another_family_is_an_error(tmp_path, family):
+    from dsparkhub.testing import factories as F
+    from dsparkhub.validate import validate
+
+    make = F.make_gemma4_target if family == "gemma4" else F.make_v4_target
+    target = make(tmp_path / family, hidden=32, layers=4, vocab=128)
+    report = validate(RUN, str(target))
+    f = [x for x in report.findings if x.code == "DSH311"]
+    assert len(f) == 1 and f[0].severity == "error" and not report.ok
+    assert f[0].expected == family and f[0].found == "qwen3" and "Qwen3DSparkModel" in f[0].message
+    assert validate(RUN, str(TARGET)).ok  # its own (qwen3) target
+
+
+def test_cli_convert_refuses_a_different_frozen_copy_unless_asked(tmp_path):
+    from click.testing import CliRunner
+
+    from dsparkhub.cli import main
+
+    other = _target_with_other_embedding(tmp_path / "other")
+    args = ["convert", str(RUN), "--target", str(other), "--out", str(tmp_path / "out"), "--dry-run"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and "DSH312" in res.output and "--allow-different-embeddings" in res.output
+    res = CliRunner().invoke(main, args + ["--allow-different-embeddings"])
+    assert res.exit_code == 0, res.output
