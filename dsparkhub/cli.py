@@ -200,14 +200,18 @@ def _print_report(report) -> None:
 @click.option("--num-speculative-tokens", "-n", callback=lambda ctx, param, v: None if v is None else
               max(_int_list(ctx, param, v)), help="The n you will serve with (3,5,7: the largest is checked).")
 @click.option("--layout", help="Force the drafter's layout instead of detecting it.")
+@click.option("--engine", type=click.Choice(["vllm", "reference"]), default="vllm", show_default=True,
+              help="The engine that will read the target's hidden states (the last layer is pre-norm in vLLM, normed "
+                   "in the reference engine's HF output_hidden_states).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
 def validate(draft: str, target: str | None, num_speculative_tokens: int | None, layout: str | None,
-             as_json: bool) -> None:
+             engine: str, as_json: bool) -> None:
     """Check a drafter against its target and vLLM 0.32's contract (configs and headers only). Exit 1 on errors."""
     from .validate import validate as run_validate
 
-    report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout)
+    report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout,
+                          engine=engine)
     if as_json:
         echo_json(report.to_dict())
     else:

@@ -24,6 +24,8 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
 - ``target_layer_ids_numbering: {key: model_type, values: {deepseek_v4: hidden_state_index, ...}}``;
 - ``frozen_copies``: canonical names of target tensors the layout's trainer copies frozen (DeepSpec: embedding and
   LM head); ``convert`` refuses a copy whose bytes differ from the target's (DSH312);
+- ``final_layer_state``: ``raw`` (default) or ``normed``: how the layout's trainer saw the target's last layer, and
+  ``final_layer_state_source`` the upstream line that says so (validate DSH304 / DSH313);
 - ``confidence_head_default`` / ``confidence_head_with_markov_default``: the value when the config has no key for
   it (DeepSeek-V4: both true, as vLLM 0.32 builds the head whatever the config says);
 - ``extra_keys``: layout keys carried in :attr:`DraftSpec.extras` and written back by recipes that list them too;

@@ -42,7 +42,8 @@ CODES: dict[str, tuple[str, str]] = {
     "DSH301": (ERROR, "hidden size differs from the target's"),
     "DSH302": (ERROR, "vocab size differs from the target's"),
     "DSH303": (ERROR, "target layer id outside the target's layers"),
-    "DSH304": (ERROR, "target layer ids include the target's last layer (HF returns it normed)"),
+    "DSH304": (ERROR, "target layer ids include the target's last layer, whose state the engine (or the layout's "
+                      "trainer) reads after the final norm while the other side read it before"),
     "DSH305": (ERROR, "embedding / LM-head copy has another shape or dtype than the target's"),
     "DSH306": (ERROR, "the drafter records a different number of target layers than the target has"),
     "DSH307": (WARNING, "the target's embedding or LM head could not be found in its headers"),
@@ -67,6 +68,8 @@ LAYOUT_CODES: dict[str, tuple[str, str]] = {
     "DSH309": (WARNING, "target layer ids are the target's usual ids shifted by one (a numbering mix-up)"),
     "DSH310": (WARNING, "the drafter names another target (speculators verifier) than the one it is checked against"),
     # found by `convert`, which compares the copies' bytes (validate reads headers only); tests/conformance
+    "DSH313": (WARNING, "target layer ids include the target's last layer: fine for vLLM (pre-norm, as trained), "
+                        "but HF output_hidden_states (the reference engine, DeepSpec's evaluator) returns it normed"),
     "DSH312": (ERROR, "a frozen embedding / LM-head copy differs from the target's bytes (trained for another "
                       "target)"),
 }
@@ -354,7 +357,7 @@ def _check_d2t(d: OpenedDraft, out: _Collector) -> None:
         out.add("DSH205", "d2t maps two draft ids to the same target id", location="tensor d2t")
 
 
-def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
+def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector, engine: str = "vllm") -> None:
     spec = d.spec
     cfg_file = str(Path(d.checkpoint.path) / "config.json")
     if spec.target_hidden_size != t.hidden_size:
@@ -375,17 +378,14 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
         hint = ""
         if max(ids) == L and all(-1 <= i - 1 < L for i in ids):
             hint = (f"ids {ids} look like hidden-state indices (layer index + 1); in layer-index numbering "
-                    f"they are {[i - 1 for i in ids]}, which include the target's last layer {L - 1}: vLLM would "
-                    "feed that layer's output un-normed while HF training saw it normed (DSH304), so such a drafter "
-                    "needs ids that stop at layer " + str(L - 2))
+                    f"they are {[i - 1 for i in ids]}, which include the target's last layer {L - 1}: its state is "
+                    "pre-norm in vLLM but normed in HF output_hidden_states (DSH304 for the reference engine, "
+                    "DSH313 for vLLM); ids that stop at layer " + str(L - 2) + " read the same everywhere")
         out.add("DSH303", f"target layer ids {outside} are outside the target's {L} layers",
                 location=f"{cfg_file} key target_layer_ids", expected=f"-1 <= id <= {L - 2}", found=ids,
                 hint=hint or "layer ids are 0-based decoder-layer indices")
     elif L - 1 in ids:
-        out.add("DSH304", f"target layer id {L - 1} is the target's last layer, whose HF hidden state is already "
-                "normed (DeepSpec refuses it)", location=f"{cfg_file} key target_layer_ids",
-                expected=f"<= {L - 2}", found=ids,
-                hint="if these are hidden-state indices, subtract 1 from each" if min(ids) >= 1 else "")
+        _check_final_layer(d, t, out, engine)
     if spec.num_target_layers is not None \
             and spec.layout in ("deepspec", "vllm", "zlab-dflash", "k3-dspark", "speculators") \
             and spec.num_target_layers != L:
@@ -428,6 +428,40 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
                     expected=f"{ref.dtype} {list(ref.shape)}", found=f"{mine.dtype} {list(mine.shape)}")
 
 
+#: where each engine reads a target layer's state: ``raw`` = the decoder layer's output before the final norm
+#: (vLLM 0.32 model_executor/models/qwen2.py:430-445 ``_maybe_add_hidden_state`` before ``self.norm``, which Qwen3
+#: inherits; deepseek_v4/nvidia/model.py:1482-1495), ``normed`` = HF ``output_hidden_states``, whose last entry is
+#: the final norm's output (the reference engine; DeepSpec eval/base_evaluator.py:100-112).
+ENGINE_FINAL_LAYER_STATE = {"vllm": "raw", "reference": "normed"}
+
+
+def _check_final_layer(d: OpenedDraft, t: TargetSpec, out: _Collector, engine: str) -> None:
+    """The target's last layer among the ids: DSH304 where the engine reads its state otherwise than the layout's
+    trainer saw it (recipe key ``final_layer_state``, default ``raw``), else DSH313."""
+    spec, L = d.spec, t.num_hidden_layers
+    cfg_file = str(Path(d.checkpoint.path) / "config.json")
+    trained = d.recipe.data.get("final_layer_state", "raw")
+    served = ENGINE_FINAL_LAYER_STATE[engine]
+    sources = (d.recipe.data.get("final_layer_state_source")
+               or "the layout's trainer is assumed to read decoder-layer outputs, as vLLM does")
+    shifted = "; if these are hidden-state indices, subtract 1 from each" if min(spec.target_layer_ids) >= 1 else ""
+    if trained != served:
+        out.add("DSH304", f"target layer id {L - 1} is the target's last layer: the {engine} engine reads its state "
+                f"{'after' if served == 'normed' else 'before'} the final norm "
+                f"({'HF output_hidden_states' if served == 'normed' else 'vLLM aux hidden states'}), while this "
+                f"{d.recipe.name} drafter was trained on it {'after' if trained == 'normed' else 'before'}",
+                location=f"{cfg_file} key target_layer_ids", expected=f"<= {L - 2}", found=spec.target_layer_ids,
+                hint=f"{sources}; DeepSpec's evaluator refuses these ids for the same reason "
+                     f"(eval/base_evaluator.py:100-112 assert_no_final_target_layer){shifted}")
+    else:
+        out.add("DSH313", f"target layer id {L - 1} is the target's last layer: {engine} reads its state as the "
+                f"{d.recipe.name} trainer did ({served}), but HF output_hidden_states returns it normed, so the "
+                "reference engine (`verify --backend reference`) and DeepSpec's evaluator refuse this drafter",
+                location=f"{cfg_file} key target_layer_ids", expected=f"<= {L - 2} for every engine",
+                found=spec.target_layer_ids,
+                hint=f"{sources}; verify it with --backend vllm{shifted}")
+
+
 def _check_family(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
     """A DSpark drafter serves targets of its own backbone family only: vLLM 0.32 has one DSpark class per family
     (qwen3_dspark.py, gemma4_dspark.py, deepseek_v4/*/dspark.py, K3DSparkConfig) and DeepSpec one trainer per target
@@ -451,7 +485,8 @@ def _check_family(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
 
 
 def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None = None, *,
-             num_speculative_tokens: int | None = None, layout: str | None = None) -> ValidationReport:
+             num_speculative_tokens: int | None = None, layout: str | None = None,
+             engine: str = "vllm") -> ValidationReport:
     """Check a drafter against vLLM 0.32's contract and, when given, its target — headers and configs only.
 
     Args:
@@ -459,6 +494,9 @@ def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | 
         target: local HF folder, Hub repo id, or an opened :class:`TargetSpec`; None skips the target checks.
         num_speculative_tokens: the n you intend to serve with, checked against the block size.
         layout: force the drafter's layout instead of detecting it.
+        engine: the engine that will read the target's hidden states, a key of :data:`ENGINE_FINAL_LAYER_STATE`
+            (``"vllm"``, default; ``"reference"``): decides whether the target's last layer among the ids is an
+            error (DSH304) or a warning (DSH313).
 
     Returns:
         :class:`ValidationReport` with every finding; ``report.ok`` is False when any finding is an error.
@@ -469,10 +507,12 @@ def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | 
     """
     d = draft if isinstance(draft, OpenedDraft) else open_draft(draft, layout=layout)
     t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
+    if engine not in ENGINE_FINAL_LAYER_STATE:
+        raise ValueError(f"engine {engine!r}: expected one of {sorted(ENGINE_FINAL_LAYER_STATE)}")
     out = _Collector()
     _check_intrinsic(d, out, num_speculative_tokens)
     if t is not None:
-        _check_target(d, t, out)
+        _check_target(d, t, out, engine)
     findings = sorted(out.items, key=lambda f: (_ORDER[f.severity], f.code, f.location))
     return ValidationReport(str(d.checkpoint.path), None if t is None else t.source, d.recipe.name, findings,
                             d.spec.summary())

@@ -154,3 +154,41 @@ def test_cli_convert_refuses_a_different_frozen_copy_unless_asked(tmp_path):
     assert res.exit_code == 1 and "DSH312" in res.output and "--allow-different-embeddings" in res.output
     res = CliRunner().invoke(main, args + ["--allow-different-embeddings"])
     assert res.exit_code == 0, res.output
+
+
+def _run_reading_the_final_layer(tmp_path: Path) -> Path:
+    """The fixture's step with target_layer_ids [0, 3]: 3 is the 4-layer target's final layer (same fc width)."""
+    step = tmp_path / "final" / "step_2"
+    shutil.copytree(RUN / "step_2", step)
+    cfg = json.loads((step / "config.json").read_text())
+    cfg["target_layer_ids"] = [0, 3]
+    (step / "config.json").write_text(json.dumps(cfg))
+    return step
+
+
+def test_final_layer_id_is_a_warning_for_vllm_and_an_error_for_the_reference_engine(tmp_path):
+    """Issue 12 item 11: DeepSpec's target cache hooks the raw decoder-layer outputs (scripts/data/
+    prepare_target_cache.py) and vLLM 0.32 takes the final layer's state before the final norm
+    (deepseek_v4/nvidia/model.py:1482-1495); only HF output_hidden_states (the reference engine, DeepSpec's
+    evaluator: base_evaluator.py assert_no_final_target_layer) returns it normed."""
+    from dsparkhub.validate import validate
+
+    step = _run_reading_the_final_layer(tmp_path)
+    served = validate(step, TARGET)
+    assert served.ok and "DSH304" not in served.codes
+    w = [f for f in served.findings if f.code == "DSH313"]
+    assert len(w) == 1 and w[0].severity == "warning" and "prepare_target_cache.py" in w[0].hint
+    ref = validate(step, TARGET, engine="reference")
+    e = [f for f in ref.findings if f.code == "DSH304"]
+    assert len(e) == 1 and not ref.ok and "output_hidden_states" in e[0].message
+    assert e[0].expected == "<= 2" and e[0].found == "[0, 3]" and "base_evaluator.py" in e[0].hint
+
+
+def test_verify_with_the_reference_engine_refuses_the_final_layer_before_loading(tmp_path):
+    from dsparkhub.errors import ValidationFailedError
+    from dsparkhub.verify.runner import _validate
+
+    step = _run_reading_the_final_layer(tmp_path)
+    _validate(step, TARGET, 3, None, engine="vllm")  # warning only
+    with pytest.raises(ValidationFailedError, match="DSH304"):
+        _validate(step, TARGET, 3, None, engine="reference")
