@@ -11,7 +11,8 @@ Rules:
   expresses 1+N (and vice versa) -> :class:`ConversionRefusedError`;
 - ``embed_tokens`` / ``lm_head`` copies are dropped when byte-identical to the target's (vLLM 0.32
   ``load_dspark_model`` then shares the target's), kept and reported when they differ or cannot be compared;
-- training files (``train_config.py``, ``training_state.*.pt``) are never read or copied.
+- training files (``train_config.py``, ``training_state.*.pt``) are never read or copied;
+- the side files vLLM reads from a drafter folder (:data:`CARRIED_FILES`) are copied byte for byte, never loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +37,11 @@ from .writer import SourceBytes, atomic_output, refuse_overlap, write_json, writ
 
 PROVENANCE_NAME = "dsparkhub_provenance.json"
 SHARED_WITH_TARGET = {"embed_tokens.weight": "embed", "lm_head.weight": "lm_head"}
+#: files beside the weights that vLLM 0.32 reads from the drafter folder: ``mask_embedding.pt``, a separately trained
+#: mask embedding its DFlash loader substitutes for ``embed_tokens[mask_token_id]`` (qwen3_dflash.py:910-913 and
+#: ``_read_mask_embedding`` 929-960, ``torch.load(weights_only=True)`` of the bytes: so they are copied as they are).
+#: vLLM's DSpark never reads it (qwen3_dspark.py:338 "DSpark masks via the vocab row").
+CARRIED_FILES = ("mask_embedding.pt",)
 
 
 @dataclass
@@ -59,6 +66,8 @@ class ConversionPlan:
         decisions: one per source tensor, in output order for copies.
         report: the pre-conversion validation.
         options: the options that shaped the plan (recorded in provenance).
+        computed: reduced-vocab tensors, ``{name: (dtype, shape, load)}``.
+        carried: the :data:`CARRIED_FILES` the source folder holds, copied into OUT byte for byte.
     """
 
     draft: OpenedDraft
@@ -69,6 +78,7 @@ class ConversionPlan:
     report: ValidationReport
     options: dict = field(default_factory=dict)
     computed: dict = field(default_factory=dict)  # name -> (dtype, shape, load) for action "reduce"
+    carried: list[str] = field(default_factory=list)  # CARRIED_FILES present in the source, copied byte for byte
 
     @property
     def copies(self) -> list[TensorDecision]:
@@ -98,7 +108,8 @@ class ConversionPlan:
         return {"source": str(self.draft.checkpoint.path), "source_layout": self.draft.recipe.name,
                 "target": None if self.target is None else self.target.source, "to": self.recipe.name,
                 "config": self.config, "tensors": [asdict(d) for d in self.decisions],
-                "out_bytes": self.out_bytes, "validation": self.report.to_dict(), "options": self.options}
+                "out_bytes": self.out_bytes, "validation": self.report.to_dict(), "options": self.options,
+                "carried_files": self.carried}
 
 
 @dataclass
@@ -303,7 +314,11 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         options["allow_different_embeddings"] = True
     if draft_vocab is not None:
         options["draft_vocab"] = dv.to_dict()
-    return ConversionPlan(d, t, recipe, config, decisions, report, options, computed)
+    carried = [f for f in CARRIED_FILES if (Path(d.checkpoint.path) / f).is_file()]
+    if carried and spec.variant == "dspark":
+        d.spec.notes.append("mask_embedding.pt is carried, but vLLM 0.32's DSpark never reads it: it masks via the "
+                            "vocab row embed_tokens[mask_token_id] (qwen3_dspark.py:338)")
+    return ConversionPlan(d, t, recipe, config, decisions, report, options, computed, carried)
 
 
 def _reduce_vocab(d: OpenedDraft, t: TargetSpec | None, recipe: Recipe, dv) -> dict:
@@ -368,7 +383,7 @@ def _tensor_order(name: str):
 
 def _source_files(d: OpenedDraft) -> list[Path]:
     folder = Path(d.checkpoint.path)
-    files = [folder / "config.json"] + [folder / f for f in d.checkpoint.files]
+    files = [folder / "config.json"] + [folder / f for f in d.checkpoint.files] + [folder / f for f in CARRIED_FILES]
     if d.checkpoint.index is not None:
         files.append(folder / "model.safetensors.index.json")
     return [p for p in files if p.exists()]
@@ -448,6 +463,9 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     with atomic_output(out, overwrite=overwrite) as tmp:
         files = write_shards(tmp, items, max_shard_bytes=max_shard_bytes)
         readers.clear()
+        for name in plan.carried:
+            shutil.copyfile(Path(d.checkpoint.path) / name, tmp / name)
+        files += plan.carried
         write_json(tmp / "config.json", plan.config)
         src_hashes = src_future.result()
         hasher.shutdown()

@@ -192,3 +192,46 @@ def test_verify_with_the_reference_engine_refuses_the_final_layer_before_loading
     _validate(step, TARGET, 3, None, engine="vllm")  # warning only
     with pytest.raises(ValidationFailedError, match="DSH304"):
         _validate(step, TARGET, 3, None, engine="reference")
+
+
+def _save_mask_embedding(folder: Path, mask_token_id: int) -> bytes:
+    """A ``mask_embedding.pt`` as vLLM 0.32 reads it (qwen3_dflash.py ``_read_mask_embedding``: a tensor, or a dict
+    with ``embedding`` and optionally ``mask_token_id``, read with ``torch.load(weights_only=True)``)."""
+    import torch
+
+    torch.save({"embedding": torch.linspace(-1, 1, 32).to(torch.bfloat16), "mask_token_id": mask_token_id},
+               folder / "mask_embedding.pt")
+    return (folder / "mask_embedding.pt").read_bytes()
+
+
+def test_dflash_mask_embedding_file_is_carried_byte_for_byte(tmp_path):
+    """Issue 12 item 5: vLLM 0.32's DFlash loader reads mask_embedding.pt from the drafter folder when present
+    (qwen3_dflash.py:910-913, 929-960); convert used to leave it behind silently."""
+    import torch
+
+    from dsparkhub.convert import convert
+    from dsparkhub.testing import factories as F
+
+    src = F.make_zlab_dflash_drafter(tmp_path / "dflash", TARGET)
+    raw = _save_mask_embedding(src, 127)
+    result = convert(src, tmp_path / "out", TARGET, to="speculators")
+    assert (tmp_path / "out" / "mask_embedding.pt").read_bytes() == raw
+    assert "mask_embedding.pt" in result.files
+    assert result.provenance["source"]["files"]["mask_embedding.pt"]
+    loaded = torch.load(tmp_path / "out" / "mask_embedding.pt", weights_only=True)  # what vLLM does
+    assert loaded["mask_token_id"] == 127 and loaded["embedding"].shape == (32,)
+
+
+def test_dspark_mask_embedding_file_is_carried_with_a_note(tmp_path):
+    """vLLM 0.32's DSpark masks via the vocab row and never reads the file (qwen3_dspark.py:338): carried, said."""
+    from dsparkhub.convert import convert, plan_conversion
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN / "step_2", run / "step_2")
+    (run / "step_latest").symlink_to("step_2")
+    raw = _save_mask_embedding(run / "step_2", 127)
+    plan = plan_conversion(run, TARGET)
+    assert plan.carried == ["mask_embedding.pt"]
+    assert any("mask_embedding.pt" in n and "qwen3_dspark.py" in n for n in plan.draft.spec.notes)
+    convert(run, tmp_path / "out", TARGET, plan=plan)
+    assert (tmp_path / "out" / "mask_embedding.pt").read_bytes() == raw
