@@ -31,6 +31,8 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
 - ``extra_keys``: layout keys carried in :attr:`DraftSpec.extras` and written back by recipes that list them too;
 - ``tensors.keep``: regular expressions; tensors matching none are not the drafter's (the target's, for attached
   layouts) and are ignored without a note;
+- ``tensors.aliases_by_model_type``: ``{model_type: {canonical prefix read: canonical prefix}}``, names one model
+  type's checkpoints spell otherwise (DeepSeek-V4.1 ``markov_head.embed.`` = ``markov_head.markov_w1.``);
 - ``tensors.stages``: stage-prefixed layouts (DeepSeek-V4 ``mtp.{i}.*``): the stage count comes from the tensor
   names, the pieces listed in ``shared_on_last_stage`` sit on the last stage only (see :func:`stage_names`);
 - ``write.templates``: keys whose values are computed from the spec (``"{proposals_per_block}"``; a string that
@@ -504,6 +506,7 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
         notes += stage_notes
     tensors: dict[str, TensorInfo] = {}
     source_names: dict[str, str] = {}
+    aliases = ((recipe.data.get("tensors") or {}).get("aliases_by_model_type") or {}).get(cfg.get("model_type"))
     for name in ckpt.tensors:  # names first: a lazy checkpoint parses only the shards holding kept tensors
         if not recipe.keeps(name):
             continue
@@ -512,6 +515,9 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
             notes.append(f"tensor {name!r} is not used by vLLM and is dropped")
             continue
         canon = recipe.to_canonical(name, num_layers=num_layers)
+        for alias, canonical in (aliases or {}).items():
+            if canon.startswith(alias):
+                canon = canonical + canon[len(alias):]
         if canon in tensors:
             raise LayoutError(f"tensors {source_names[canon]!r} and {name!r} both map to {canon!r}", path=ckpt.path)
         tensors[canon] = info

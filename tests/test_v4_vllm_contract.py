@@ -20,7 +20,7 @@ def _edit(folder: Path, name: str, tensor: torch.Tensor | None, *, like: str = "
     """Replace (None: delete) tensor ``name`` of a sharded V4 checkpoint; a new name goes into ``like``'s shard."""
     index_path = folder / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
-    shard = folder / index["weight_map"].get(name, index["weight_map"][like])
+    shard = folder / (index["weight_map"][name] if name in index["weight_map"] else index["weight_map"][like])
     tensors = load_file(str(shard))
     if tensor is None:
         del tensors[name]
@@ -115,3 +115,25 @@ def test_v4_stage_count_vllm_builds(tmp_path):
     assert f and f[0].found == "1" and "num_nextn_predict_layers" in f[0].message
     _config(v41, num_nextn_predict_layers=2)
     assert not _codes(validate(v41), "DSH111")
+
+
+def test_v41_markov_head_embed_head_names_are_read(tmp_path):
+    """V4.1 checkpoints call the Markov factors markov_head.embed / markov_head.head; vLLM 0.32 remaps them to
+    markov_w1 / markov_w2 (deepseek_v41/nvidia/dspark.py:519-527). V4's loader has no such remap."""
+    for model_type, ok in (("deepseek_v41", True), ("deepseek_v4", False)):
+        folder = F.make_v4_target(tmp_path / model_type, dspark_stages=2, model_type=model_type,
+                                  dspark_target_layer_ids=(1, 2), markov_rank=R)
+        last = "mtp.1."
+        for old, new in (("markov_w1", "embed"), ("markov_w2", "head")):
+            index = json.loads((folder / "model.safetensors.index.json").read_text())
+            t = load_file(str(folder / index["weight_map"][f"{last}markov_head.{old}.weight"]))
+            _edit(folder, f"{last}markov_head.{new}.weight", t[f"{last}markov_head.{old}.weight"],
+                  like=f"{last}norm.weight")
+            _edit(folder, f"{last}markov_head.{old}.weight", None)
+        report = validate(folder)
+        assert report.ok is ok, [(f.code, f.location) for f in report.errors]
+        if ok:
+            d = open_draft(folder)
+            assert d.spec.source_names["markov_head.markov_w1.weight"] == "mtp.1.markov_head.embed.weight"
+        else:
+            assert "DSH202" in report.codes and "DSH201" in report.codes
