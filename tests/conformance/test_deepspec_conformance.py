@@ -235,3 +235,18 @@ def test_dspark_mask_embedding_file_is_carried_with_a_note(tmp_path):
     assert any("mask_embedding.pt" in n and "qwen3_dspark.py" in n for n in plan.draft.spec.notes)
     convert(run, tmp_path / "out", TARGET, plan=plan)
     assert (tmp_path / "out" / "mask_embedding.pt").read_bytes() == raw
+
+
+@pytest.mark.vllm
+def test_vllm_finds_the_carried_mask_embedding(tmp_path):
+    """vLLM 0.32's own file lookup for the DFlash loader (repo_utils.get_hf_file_bytes, as _read_mask_embedding
+    calls it) finds the carried file in the converted folder, byte for byte."""
+    from vllm.transformers_utils.repo_utils import get_hf_file_bytes
+
+    from dsparkhub.convert import convert
+    from dsparkhub.testing import factories as F
+
+    src = F.make_zlab_dflash_drafter(tmp_path / "dflash", TARGET)
+    raw = _save_mask_embedding(src, 127)
+    convert(src, tmp_path / "out", TARGET, to="speculators")
+    assert get_hf_file_bytes("mask_embedding.pt", str(tmp_path / "out"), None) == raw
