@@ -48,7 +48,8 @@ CODES: dict[str, tuple[str, str]] = {
     "DSH306": (ERROR, "the drafter records a different number of target layers than the target has"),
     "DSH307": (WARNING, "the target's embedding or LM head could not be found in its headers"),
     "DSH311": (ERROR, "a DSpark drafter of one backbone family checked against a target of another family"),
-
+    "DSH313": (WARNING, "target layer ids include the target's last layer: fine for vLLM (pre-norm, as trained), "
+                        "but HF output_hidden_states (the reference engine, DeepSpec's evaluator) returns it normed"),
     "DSH401": (WARNING, "num_speculative_tokens larger than what one block was trained to propose"),
     "DSH402": (INFO, "num_speculative_tokens smaller than what one block proposes"),
 }
@@ -68,8 +69,6 @@ LAYOUT_CODES: dict[str, tuple[str, str]] = {
     "DSH309": (WARNING, "target layer ids are the target's usual ids shifted by one (a numbering mix-up)"),
     "DSH310": (WARNING, "the drafter names another target (speculators verifier) than the one it is checked against"),
     # found by `convert`, which compares the copies' bytes (validate reads headers only); tests/conformance
-    "DSH313": (WARNING, "target layer ids include the target's last layer: fine for vLLM (pre-norm, as trained), "
-                        "but HF output_hidden_states (the reference engine, DeepSpec's evaluator) returns it normed"),
     "DSH312": (ERROR, "a frozen embedding / LM-head copy differs from the target's bytes (trained for another "
                       "target)"),
 }
