@@ -287,16 +287,19 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             continue
         out_name = recipe.to_layout(name, num_layers=spec.num_layers)
         which = SHARED_WITH_TARGET.get(name)
-        if which and t is not None and not keep_embeddings and spec.vocab_size <= t.vocab_size \
+        is_frozen = name in (d.recipe.data.get("frozen_copies") or [])
+        # a frozen copy is compared even with keep_embeddings: one that differs means another target (DSH312)
+        if which and t is not None and (is_frozen or not keep_embeddings) and spec.vocab_size <= t.vocab_size \
                 and not (name == "lm_head.weight" and spec.draft_vocab_size != t.vocab_size):
             same, why = _same_bytes(d, name, t, which)
-            if same:
+            if same and not keep_embeddings:
                 decisions.append(TensorDecision(name, "drop", None, why + "; vLLM shares the target's"))
                 continue
-            if same is False and name in (d.recipe.data.get("frozen_copies") or []):
+            if same is False and is_frozen:
                 frozen.append(_frozen_copy_finding(d, name, t, which, why))
-            decisions.append(TensorDecision(name, "copy", out_name, why + "; kept (vLLM uses the drafter's own)"))
-            continue
+            if not same:
+                decisions.append(TensorDecision(name, "copy", out_name, why + "; kept (vLLM uses the drafter's own)"))
+                continue
         decisions.append(TensorDecision(name, "copy", out_name))
     for name in recipe.data.get("write", {}).get("derive") or []:
         inputs = DERIVED_TENSORS[name][0]
@@ -304,7 +307,8 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             decisions.append(TensorDecision(name, "derive", recipe.to_layout(name, num_layers=spec.num_layers),
                                             f"computed from {', '.join(inputs)} (layout {recipe.name!r} ships it)"))
     if frozen:
-        report.findings = sorted(report.findings + frozen, key=lambda f: (f.severity != "error", f.code, f.location))
+        order = {"error": 0, "warning": 1, "info": 2}
+        report.findings = sorted(report.findings + frozen, key=lambda f: (order[f.severity], f.code, f.location))
         if not (allow_different_embeddings or force):
             raise ValidationFailedError(f"[DSH312] {frozen[0].message}", report=report, path=d.checkpoint.path,
                                         hint=frozen[0].hint)

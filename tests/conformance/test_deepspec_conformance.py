@@ -123,6 +123,8 @@ def test_frozen_embedding_copy_that_differs_from_the_target_is_an_error(tmp_path
     assert "model.embed_tokens.weight" in f[0].message and "step_2" in f[0].message
     assert "base_trainer.py" in f[0].hint and "--allow-different-embeddings" in f[0].hint
     assert f[0].expected and f[0].found and f[0].expected != f[0].found
+    with pytest.raises(ValidationFailedError, match="DSH312"):  # keeping the copies does not hide it
+        plan_conversion(RUN, other, keep_embeddings=True)
     plan = plan_conversion(RUN, other, allow_different_embeddings=True)  # asked for: kept, reported
     decisions = {x.name: x for x in plan.decisions}
     assert decisions["embed_tokens.weight"].action == "copy" and decisions["lm_head.weight"].action == "drop"
