@@ -200,16 +200,20 @@ def _print_report(report) -> None:
 @click.option("--num-speculative-tokens", "-n", callback=lambda ctx, param, v: None if v is None else
               max(_int_list(ctx, param, v)), help="The n you will serve with (3,5,7: the largest is checked).")
 @click.option("--layout", help="Force the drafter's layout instead of detecting it.")
+@click.option("--engine", type=click.Choice(["vllm", "reference"]), default="vllm", show_default=True,
+              help="The engine that will read the target's hidden states (the last layer is pre-norm in vLLM, normed "
+                   "in the reference engine's HF output_hidden_states).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--deep", is_flag=True, help="Also read the drafter's tensor data and report NaN / Inf (DSH207).")
 @handle_errors
 def validate(draft: str, target: str | None, num_speculative_tokens: int | None, layout: str | None,
-             as_json: bool, deep: bool) -> None:
+             engine: str, as_json: bool, deep: bool) -> None:
     """Check a drafter against its target and vLLM 0.32's contract (configs and headers only; --deep reads the
     data too). Exit 1 on errors."""
     from .validate import validate as run_validate
 
-    report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout, deep=deep)
+    report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout,
+                          engine=engine, deep=deep)
     if as_json:
         echo_json(report.to_dict())
     else:
@@ -229,6 +233,8 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--force", is_flag=True, help="Convert even when validation against the target finds errors.")
 @click.option("--keep-embeddings", is_flag=True, help="Keep embed_tokens / lm_head copies even when identical "
               "to the target's.")
+@click.option("--allow-different-embeddings", is_flag=True, help="Convert even when a frozen embedding / LM-head "
+              "copy (DeepSpec) differs from the target's (DSH312: trained for another target); the copy is kept.")
 @click.option("--max-shard-size", type=_ByteSize(), help="Output shard cap: bytes, or 500MB / 4GiB / ... (default: "
               "largest tensor + 256 MiB).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
@@ -246,8 +252,9 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--copy", "link", flag_value="copy", help="With --attach: copy the target's files.")
 @click.option("--allow-pickle", is_flag=True, help=_ALLOW_PICKLE_HELP)
 @handle_errors
-def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max_shard_size, dry_run, as_json,
-            draft_vocab, draft_vocab_from, declare_block_layout, attach_to, link, allow_pickle):
+def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, allow_different_embeddings,
+            max_shard_size, dry_run, as_json, draft_vocab, draft_vocab_from, declare_block_layout, attach_to, link,
+            allow_pickle):
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
     from .convert import convert as run_convert, plan_conversion
 
@@ -266,7 +273,8 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
         raise click.UsageError("--draft-vocab N and --draft-vocab-from DATASET go together")
     plan = plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
                            declare_block_layout=declare_block_layout, draft_vocab=draft_vocab,
-                           draft_vocab_from=list(draft_vocab_from))
+                           draft_vocab_from=list(draft_vocab_from),
+                           allow_different_embeddings=allow_different_embeddings)
     if dry_run:
         if as_json:
             echo_json(plan.to_dict())

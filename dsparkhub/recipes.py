@@ -23,9 +23,17 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
 - ``variant: {key: K, values: {...}, default: ...}`` and ``family_by_key: {key: K, values: {...}}``: read from a key;
 - ``block_layout.default_by_variant``: the layout assumed when the key is absent, per variant;
 - ``target_layer_ids_numbering: {key: model_type, values: {deepseek_v4: hidden_state_index, ...}}``;
+- ``frozen_copies``: canonical names of target tensors the layout's trainer copies frozen (DeepSpec: embedding and
+  LM head); ``convert`` refuses a copy whose bytes differ from the target's (DSH312);
+- ``final_layer_state``: ``raw`` (default) or ``normed``: how the layout's trainer saw the target's last layer, and
+  ``final_layer_state_source`` the upstream line that says so (validate DSH304 / DSH313);
+- ``confidence_head_default`` / ``confidence_head_with_markov_default``: the value when the config has no key for
+  it (DeepSeek-V4: both true, as vLLM 0.32 builds the head whatever the config says);
 - ``extra_keys``: layout keys carried in :attr:`DraftSpec.extras` and written back by recipes that list them too;
 - ``tensors.keep``: regular expressions; tensors matching none are not the drafter's (the target's, for attached
   layouts) and are ignored without a note;
+- ``tensors.aliases_by_model_type``: ``{model_type: {canonical prefix read: canonical prefix}}``, names one model
+  type's checkpoints spell otherwise (DeepSeek-V4.1 ``markov_head.embed.`` = ``markov_head.markov_w1.``);
 - ``tensors.stages``: stage-prefixed layouts (DeepSeek-V4 ``mtp.{i}.*``): the stage count comes from the tensor
   names, the pieces listed in ``shared_on_last_stage`` sit on the last stage only (see :func:`stage_names`);
 - ``write.templates``: keys whose values are computed from the spec (``"{proposals_per_block}"``; a string that
@@ -508,6 +516,7 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
         notes += stage_notes
     tensors: dict[str, TensorInfo] = {}
     source_names: dict[str, str] = {}
+    aliases = ((recipe.data.get("tensors") or {}).get("aliases_by_model_type") or {}).get(cfg.get("model_type"))
     for name in ckpt.tensors:  # names first: a lazy checkpoint parses only the shards holding kept tensors
         if not recipe.keeps(name):
             continue
@@ -516,6 +525,9 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
             notes.append(f"tensor {name!r} is not used by vLLM and is dropped")
             continue
         canon = recipe.to_canonical(name, num_layers=num_layers)
+        for alias, canonical in (aliases or {}).items():
+            if canon.startswith(alias):
+                canon = canonical + canon[len(alias):]
         if canon in tensors:
             raise LayoutError(f"tensors {source_names[canon]!r} and {name!r} both map to {canon!r}", path=ckpt.path)
         tensors[canon] = info
@@ -551,7 +563,8 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
         markov_head_type=_field(cfg, recipe, "markov_head_type", "vanilla" if markov_rank else None),
         confidence_head=bool(_field(cfg, recipe, "confidence_head", recipe.data.get("confidence_head_default",
                                                                                    False))),
-        confidence_head_with_markov=bool(_field(cfg, recipe, "confidence_head_with_markov", False)),
+        confidence_head_with_markov=bool(_field(cfg, recipe, "confidence_head_with_markov",
+                                                recipe.data.get("confidence_head_with_markov_default", False))),
         vocab_size=vocab, draft_vocab_size=draft_vocab,
         mask_token_id=_int_field(cfg, recipe, "mask_token_id", path),
         hidden_size=hidden,

@@ -630,8 +630,9 @@ def bench_convert(work: Path, size: str) -> None:
             if which == "cp":
                 runs[which] = timed_shell(["cp", "-r", str(draft), str(out_cp)], out_cp, src_files)
             else:
-                runs[which] = timed_shell(dsparkhub_cli("convert", draft, "--target", target, "--out", out_cv),
-                                          out_cv, src_files)
+                # its copies are random on purpose (see make_qwen3_pair): DSH312 unless allowed
+                runs[which] = timed_shell(dsparkhub_cli("convert", draft, "--target", target, "--out", out_cv,
+                                                        "--allow-different-embeddings"), out_cv, src_files)
                 out_bytes = dir_bytes(out_cv)
         shutil.rmtree(out_cp, ignore_errors=True), shutil.rmtree(out_cv, ignore_errors=True)
         cps.append(runs["cp"])
@@ -859,7 +860,8 @@ def _attach_vs_cp(work: Path, target: Path, draft: Path, rounds: int) -> tuple[l
     """``rounds`` interleaved pairs: ``cp -r`` of the drafter (+ fsync), then attach into ``target`` (which fsyncs
     its own output); each output is deleted once measured."""
     code = ("import sys; from dsparkhub.attach import attach; "
-            "r = attach(sys.argv[1], sys.argv[2], sys.argv[3]); "
+            # force: the bench drafter is a Qwen3 one (DSH311 against a V4 target); only the bytes are measured
+            "r = attach(sys.argv[1], sys.argv[2], sys.argv[3], force=True); "
             "print(r.drafter_bytes_written, r.target_data_bytes_read)")
     src_files = [p for p in draft.rglob("*") if p.is_file()]
     shards = sorted(target.glob("*.safetensors"))
@@ -941,7 +943,7 @@ def converted_drafter(work: Path, size: str) -> Path:
     if not (out / "config.json").exists():
         target, draft = make_qwen3_pair(work, size)
         shutil.rmtree(out, ignore_errors=True)
-        run_child(dsparkhub_cli("convert", draft, "--target", target, "--out", out))
+        run_child(dsparkhub_cli("convert", draft, "--target", target, "--out", out, "--allow-different-embeddings"))
     return out
 
 

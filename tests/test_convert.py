@@ -63,7 +63,10 @@ def test_differing_copy_is_kept_and_reported(tmp_path, target):
     g = torch.Generator().manual_seed(5)
     run = make_deepspec_drafter(tmp_path / "run", target, tensor_overrides={
         "lm_head.weight": torch.randn(128, 32, generator=g).to(torch.bfloat16)})
-    plan = plan_conversion(run, target)
+    # DeepSpec trains the copy frozen: one that differs is DSH312, refused unless asked (issue 12 item 7)
+    with pytest.raises(ValidationFailedError, match="DSH312"):
+        plan_conversion(run, target)
+    plan = plan_conversion(run, target, allow_different_embeddings=True)
     kept = {d.name: d for d in plan.copies}
     assert "lm_head.weight" in kept and "differs" in kept["lm_head.weight"].reason
     assert "embed_tokens.weight" not in kept

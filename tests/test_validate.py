@@ -128,8 +128,8 @@ def _case_303(tmp, t):
     return _drafter(tmp, t, target_layer_ids=(1, 2, 4)), t, None
 
 
-def _case_304(tmp, t):
-    return _drafter(tmp, t, target_layer_ids=(1, 2, 3)), t, None
+def _case_304(tmp, t):  # the reference engine reads the last layer normed (HF output_hidden_states)
+    return _drafter(tmp, t, target_layer_ids=(1, 2, 3)), t, None, "reference"
 
 
 def _case_305(tmp, t):
@@ -150,6 +150,16 @@ def _case_307(tmp, t):
     return _drafter(tmp, tied), tied, None
 
 
+def _case_311(tmp, t):
+    from dsparkhub.testing.factories import make_gemma4_target
+
+    return _drafter(tmp, t), make_gemma4_target(tmp / "gemma4"), None
+
+
+def _case_313(tmp, t):  # vLLM reads it before the final norm, as DeepSpec's target cache did
+    return _drafter(tmp, t, target_layer_ids=(1, 2, 3)), t, None
+
+
 def _case_401(tmp, t):
     return _drafter(tmp, t), t, 9
 
@@ -165,8 +175,9 @@ DEEP_CODES = {"DSH207"}
 
 @pytest.mark.parametrize("code", sorted(CODES))
 def test_each_finding_fires(code, tmp_path, target):
-    draft, tgt, n = CASES[code](tmp_path, target)
-    report = validate(draft, tgt, num_speculative_tokens=n, deep=code in DEEP_CODES)
+    draft, tgt, n, *engine = CASES[code](tmp_path, target)
+    report = validate(draft, tgt, num_speculative_tokens=n, deep=code in DEEP_CODES,
+                      engine=engine[0] if engine else "vllm")
     assert code in report.codes, [(f.code, f.message) for f in report.findings]
     finding = next(f for f in report.findings if f.code == code)
     assert finding.severity == CODES[code][0]
@@ -205,9 +216,11 @@ def test_cli_exit_codes_and_json(tmp_path, target, clean):
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.output)["ok"] is True
     bad = _drafter(tmp_path, target, name="bad", target_layer_ids=(1, 2, 3))
-    res = runner.invoke(main, ["validate", str(bad), "--target", str(target)])
+    res = runner.invoke(main, ["validate", str(bad), "--target", str(target), "--engine", "reference"])
     assert res.exit_code == 1
     assert "DSH304" in res.output and "FAILED" in res.output
+    res = runner.invoke(main, ["validate", str(bad), "--target", str(target)])  # vLLM: pre-norm, as trained
+    assert res.exit_code == 0 and "DSH313" in res.output
 
 
 def test_unreadable_drafter_is_one_paragraph_exit_1(tmp_path, target):

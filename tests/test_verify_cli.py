@@ -79,7 +79,7 @@ def setup(tmp_path):
     return draft, target, prompts
 
 
-def no_validate(draft, target, n, warn=None):
+def no_validate(draft, target, n, warn=None, engine="vllm"):
     return None
 
 
@@ -149,12 +149,13 @@ def test_validate_report_listed(setup, monkeypatch):
 
     seen, report = {}, Report()
     monkeypatch.setattr(validate_mod, "validate",
-                        lambda d, t, num_speculative_tokens=None: seen.update(n=num_speculative_tokens) or report)
+                        lambda d, t, num_speculative_tokens=None, engine="vllm":
+                        seen.update(n=num_speculative_tokens, engine=engine) or report)
     draft, target, _ = setup
     with pytest.raises(ValidationFailedError) as ei:
         runner._validate(draft, target, 5)
     msg = str(ei.value)
-    assert seen["n"] == 5 and "2 error(s)" in msg and "[fc-width] fc.weight: fc.weight is [64, 128]" in msg
+    assert seen["n"] == 5 and seen["engine"] == "vllm" and "2 error(s)" in msg and "[fc-width] fc.weight: fc.weight is [64, 128]" in msg
     assert "[mask-token] mask_token_id 900" in msg and ei.value.report is report
 
 
