@@ -352,7 +352,7 @@ def plot_reliability(sidecar: dict, path: str | Path) -> Path:
     return Path(path)
 
 
-def card_context(draft: str | Path, fingerprint: str) -> dict | None:
+def card_context(draft: str | Path) -> dict | None:
     """What the card's calibration section shows, from ``DRAFT/dspark_sts.json``; None when there is none.
 
     Raises:
@@ -365,7 +365,9 @@ def card_context(draft: str | Path, fingerprint: str) -> dict | None:
     data = read_sidecar(path)
     if data.get("format") != FORMAT:
         return {"foreign": True, "file": STS_FILE, "temperatures": data["temperatures"]}
-    found = (data.get("provenance") or {}).get("drafter_fingerprint")
+    from .hashing import checkpoint_fingerprint
+
+    found, fingerprint = (data.get("provenance") or {}).get("drafter_fingerprint"), checkpoint_fingerprint(draft)
     if found != fingerprint:
         raise ResultsError(f"{STS_FILE} was fitted on drafter fingerprint {found}, but the folder has fingerprint "
                            f"{fingerprint}", path=path, hint="re-run `dsparkhub calibrate` on this folder")
