@@ -194,7 +194,7 @@ class ReferenceEngine:
             raise VerifyError(f"max_new_tokens must be >= 1, found {max_new_tokens}")
         if temperature < 0:
             raise VerifyError(f"temperature must be >= 0, found {temperature}")
-        if recorder is not None and (n is None or self.drafter.confidence_head is None):
+        if recorder is not None and (num_speculative_tokens is None or self.drafter.confidence_head is None):
             raise VerifyError("recording confidences needs num_speculative_tokens and a drafter with a confidence "
                               "head (enable_confidence_head and confidence_head.* tensors)")
         for i, p in enumerate(prompts):
