@@ -277,3 +277,38 @@ def test_example_drafter_end_to_end(example, tmp_path):
         return
     loaded = _run_sglang(tmp_path, {"sidecar": str(draft / STS_FILE)})["loaded"]
     assert loaded["temperatures"] == data["temperatures"]
+
+
+def test_the_reference_engine_records_every_verify_step(tmp_path):
+    """Raw logits per drafted position, accepted count and verified width; warm-up not recorded; outputs unchanged."""
+    import torch
+
+    from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
+    from dsparkhub.verify.reference import ReferenceEngine
+
+    torch.set_num_threads(1)
+    target = make_qwen3_target(tmp_path / "target")
+    run = make_deepspec_drafter(tmp_path / "run", target)
+    prompts = [[3, 5, 7, 9], [11, 4, 2]]
+    for threshold in (None, 1.0):
+        engine = ReferenceEngine(target, run, confidence_threshold=threshold)
+        plain = engine.run(prompts, num_speculative_tokens=4, max_new_tokens=12)
+        recorder = cal.ConfidenceRecorder(4)
+        recorder.dataset = "toy"
+        stats = engine.run(prompts, num_speculative_tokens=4, max_new_tokens=12, recorder=recorder)
+        rec = recorder.records()
+        assert stats.outputs == plain.outputs
+        assert len(rec) == stats.num_drafts and set(rec.prompt.tolist()) == {0, 1}
+        assert rec.accepted.sum() == stats.num_accepted_tokens and rec.verified.sum() == stats.num_draft_tokens
+        assert (np.isnan(rec.logits) == ~rec.valid).all()
+        if threshold is None:
+            assert (rec.verified == 4).all()
+        else:  # survival < 1 truncates every draft to one token: positions 2-4 censored, not rejected
+            assert (rec.verified == 1).all() and rec.valid[:, 1:].sum() == 0
+    no_head = make_deepspec_drafter(tmp_path / "nohead", target, config_overrides={"enable_confidence_head": False},
+                                    drop=("confidence_head.proj.weight", "confidence_head.proj.bias"))
+    from dsparkhub.errors import VerifyError
+
+    with pytest.raises(VerifyError, match="confidence head"):
+        ReferenceEngine(target, no_head).run(prompts, num_speculative_tokens=4, max_new_tokens=4,
+                                             recorder=cal.ConfidenceRecorder(4))

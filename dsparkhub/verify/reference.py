@@ -320,8 +320,12 @@ class ReferenceEngine:
         while not self._done(outputs, max_new):
             self._sync()
             t0 = time.perf_counter()
-            conf: list[float] | None = [] if c.recorder is not None else None
-            drafts, q = self._draft(pending, pos, ctx, n, temperature, gen, conf)
+            conf: list[float] | None = None
+            if c.recorder is None:
+                drafts, q = self._draft(pending, pos, ctx, n, temperature, gen)
+            else:
+                conf = []
+                drafts, q = self._draft(pending, pos, ctx, n, temperature, gen, confidence_out=conf)
             self._sync()
             t1 = time.perf_counter()
             k = len(drafts)
