@@ -296,10 +296,10 @@ def _f(x, digits=3) -> str:
 def format_report(sidecar: dict) -> str:
     """The per-position table (held-out ECE / Brier / AUROC before -> after with sample counts), the pooling
     notes and the calibrated threshold sweep, as text for the terminal."""
-    lines = [f"held-out split: {sidecar['split']['heldout_steps']} verify steps; fit split: "
-             f"{sidecar['split']['fit_steps']} ({sidecar['dataset']})",
-             "  k  temperature  fit n  held-out n  accepted  ECE before  ECE after  Brier before  Brier after  "
-             "AUROC before  AUROC after"]
+    lines = [(f"held-out split: {sidecar['split']['heldout_steps']} verify steps; fit split: "
+              f"{sidecar['split']['fit_steps']} ({sidecar['dataset']})"),
+             ("  k  temperature  fit n  held-out n  accepted  ECE before  ECE after  Brier before  Brier after  "
+              "AUROC before  AUROC after")]
     for p in sidecar["positions"]:
         lines.append(f"{p['position'] + 1:>3}  {p['temperature']:>11.4f}  {p['fit_samples']:>5}  {p['samples']:>10}  "
                      f"{p['accepted']:>8}  {_f(p['ece_before']):>10}  {_f(p['ece_after']):>9}  "

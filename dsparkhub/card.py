@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import CheckpointNotFoundError, DsparkhubError, ResultsError
 from .calibrate import card_context, plot_reliability
+from .errors import CheckpointNotFoundError, DsparkhubError, ResultsError
 from .hashing import checkpoint_fingerprint
 from .verify.results import VerifyResults
 
