@@ -333,3 +333,18 @@ def test_card_refuses_a_sidecar_fitted_on_other_weights_and_names_a_foreign_one(
         card_context(tmp_path)
     write_sidecar({"temperatures": [1.2, 0.9]}, tmp_path / STS_FILE, overwrite=True)  # SGLang's own fitter's file
     assert card_context(tmp_path) == {"foreign": True, "file": STS_FILE, "temperatures": [1.2, 0.9]}
+
+
+def test_an_existing_sidecar_and_a_bad_device_stop_before_any_model_loads(tmp_path, monkeypatch):
+    from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
+
+    target = make_qwen3_target(tmp_path / "target")
+    run = make_deepspec_drafter(tmp_path / "run", target)
+    import dsparkhub.verify.reference as reference
+
+    monkeypatch.setattr(reference, "ReferenceEngine", lambda *a, **k: pytest.fail("a model was loaded"))
+    bad = CliRunner().invoke(main, ["calibrate", str(run), "--target", str(target), "--device", "nonsense"])
+    assert bad.exit_code == 2 and "not a torch device" in bad.output
+    (run / "step_100" / STS_FILE).write_text('{"temperatures": [1.0]}')
+    res = CliRunner().invoke(main, ["calibrate", str(run), "--target", str(target), "--quiet"])
+    assert res.exit_code == 1 and "already exists" in res.output and "--overwrite" in res.output
