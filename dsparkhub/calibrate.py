@@ -163,7 +163,7 @@ def run_calibration(draft: str | Path, target: str | Path, *, datasets=None, max
                     max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0, fit_fraction: float = 0.5,
                     min_samples: int = 100, min_class: int = 10, refine: bool = False, device: str | None = None,
                     out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
-                    tokenizer=None, warn=None) -> tuple[dict, Path | None]:
+                    tokenizer=None, warn=None) -> tuple[dict, Path]:
     """Record, fit, report and write the sidecar (order in the module docstring).
 
     Args:
