@@ -507,6 +507,51 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
 
 @main.command()
 @click.argument("draft", type=click.Path())
+@click.option("--target", required=True, help="Target: HF folder (with tokenizer).")
+@click.option("--datasets", multiple=True, help="As for verify: PATH.jsonl, NAME=PATH, builtin, builtin:math|code|chat, "
+              "hub:owner/name[:file.jsonl]. Default: the built-in smoke set.")
+@click.option("--max-prompts", type=click.IntRange(min=2), help="Use at most this many prompts per dataset.")
+@click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="0 = greedy acceptance (as SGLang's collector).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling and fit / held-out split seed.")
+@click.option("--fit-fraction", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True), default=0.5,
+              show_default=True, help="Share of each dataset's prompts the temperatures are fitted on.")
+@click.option("--min-samples", type=click.IntRange(min=1), default=100, show_default=True,
+              help="A position with fewer fit samples is pooled with its thin neighbours.")
+@click.option("--min-class", type=click.IntRange(min=1), default=10, show_default=True,
+              help="... or with fewer accepted or rejected samples.")
+@click.option("--refine", is_flag=True, help="Refine SGLang's 41-point grid with a golden-section search.")
+@click.option("--device", help="Reference engine device (cpu, cuda).")
+@click.option("--out", type=click.Path(dir_okay=False), help="Sidecar path (default DRAFT/dspark_sts.json).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing sidecar.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@handle_errors
+def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature, seed, fit_fraction, min_samples,
+              min_class, refine, device, out, overwrite, quiet) -> None:
+    """Fit the confidence head's per-position temperatures (SGLang STS) on a fit split of the reference engine's
+    verify steps; report ECE / Brier / AUROC before and after on the held-out split and a threshold sweep; write
+    dspark_sts.json (SGLang --speculative-dspark-confidence-sts-path) next to the drafter."""
+    from .calibrate import format_report, run_calibration
+    from .verify.runner import VerifyArgumentError
+
+    if quiet:
+        _hide_transformers_progress()
+    try:
+        sidecar, path = run_calibration(draft, target, datasets=list(datasets), max_prompts=max_prompts,
+                                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                        fit_fraction=fit_fraction, min_samples=min_samples, min_class=min_class,
+                                        refine=refine, device=device, out=out, overwrite=overwrite,
+                                        progress=not quiet, warn=lambda line: click.echo(line, err=True))
+    except VerifyArgumentError as exc:  # --device that is not a torch device: a usage error
+        raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
+    click.echo(format_report(sidecar))
+    click.echo(f"wrote {path}")
+    click.echo(f"serve with SGLang: --speculative-dspark-confidence-sts-path {shlex.quote(str(path))}")
+
+
+@main.command()
+@click.argument("draft", type=click.Path())
 @click.option("--results", "results_paths", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
               help="Results file from `dsparkhub verify` (repeat for several engines / dataset sets).")
 @click.option("--template", type=click.Path(), help="Jinja2 template replacing dsparkhub's model_card.md.j2.")

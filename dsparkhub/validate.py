@@ -53,6 +53,8 @@ CODES: dict[str, tuple[str, str]] = {
                         "but HF output_hidden_states (the reference engine, DeepSpec's evaluator) returns it normed"),
     "DSH401": (WARNING, "num_speculative_tokens larger than what one block was trained to propose"),
     "DSH402": (INFO, "num_speculative_tokens smaller than what one block proposes"),
+    "DSH501": (ERROR, "dspark_sts.json holds another number of temperatures than the block size (SGLang's γ)"),
+    "DSH502": (ERROR, "dspark_sts.json does not load in SGLang's reader"),
 }
 
 
@@ -241,6 +243,7 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
     if len(floats) > 1 and spec.family != "deepseek-v4":
         out.add("DSH206", f"weights mix floating dtypes {sorted(floats)}", found=sorted(floats),
                 hint="vLLM casts to one dtype at load; make sure the lossy direction is intended")
+    _check_sidecar(d, out)
     if n is not None:
         p = spec.proposals_per_block
         if n > p:
@@ -250,6 +253,38 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
         elif n < p:
             out.add("DSH402", f"num_speculative_tokens {n} is below the {p} tokens a block was trained to "
                     "propose (allowed by vLLM 0.32)", expected=p, found=n)
+
+
+def _check_sidecar(d: OpenedDraft, out: _Collector) -> None:
+    """The confidence calibration sidecar ``dspark_sts.json`` (``dsparkhub calibrate``), when the folder has one:
+    SGLang 0.5.23 refuses to start when it does not decode (``dspark_sts.py`` lines 9-31) or when its length is not
+    the runtime γ, which is the drafter's ``block_size`` by default (``dspark_planner.py`` lines 107-113,
+    ``dspark_config.py`` lines 295-297)."""
+    if d.checkpoint.remote:
+        return
+    import json
+
+    from .calibrate import STS_FILE, sidecar_problems
+
+    path = Path(d.checkpoint.path) / STS_FILE
+    if not path.is_file():
+        return
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data, problems = None, [f"not valid JSON ({exc})"]
+    else:
+        problems = sidecar_problems(data)
+    if problems:
+        out.add("DSH502", f"{STS_FILE} would be refused by SGLang's reader: {'; '.join(problems)}",
+                location=str(path), hint="re-run `dsparkhub calibrate --overwrite`, or remove the file")
+        return
+    gamma = len(data["temperatures"])
+    if gamma != d.spec.block_size:
+        out.add("DSH501", f"{STS_FILE} holds {gamma} temperatures but the drafter's block size is "
+                f"{d.spec.block_size}; SGLang refuses a table whose γ differs from the runtime γ",
+                location=f"{path} key temperatures", expected=d.spec.block_size, found=gamma,
+                hint="re-run `dsparkhub calibrate --overwrite` on this drafter")
 
 
 def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:

@@ -168,6 +168,19 @@ def _case_402(tmp, t):
     return _drafter(tmp, t), t, 3
 
 
+def _sidecar(folder, data):
+    (folder / "step_100" / "dspark_sts.json").write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return folder
+
+
+def _case_501(tmp, t):  # the fixture's block size is 7; a table fitted for γ = 5
+    return _sidecar(_drafter(tmp, t), {"temperatures": [1.5] * 5, "dataset": "x", "num_samples": 10}), t, None
+
+
+def _case_502(tmp, t):  # SGLang's DSparkStsCalibration.__post_init__ refuses a temperature <= 0
+    return _sidecar(_drafter(tmp, t), {"temperatures": [1.5] * 6 + [0.0]}), t, None
+
+
 CASES = {code: globals()[f"_case_{code[3:]}"] for code in CODES}
 #: codes only ``validate(deep=True)`` can find
 DEEP_CODES = {"DSH207"}
@@ -283,3 +296,9 @@ def test_cli_deep_exits_1_on_nan(tmp_path, target):
     deep = CliRunner().invoke(main, ["validate", str(run), "--target", str(target), "--deep"])
     assert "DSH207" not in ok.output
     assert deep.exit_code == 1 and "DSH207" in deep.output and "layers.0.mlp.up_proj.weight" in deep.output
+def test_a_sidecar_of_the_right_length_is_silent_and_bad_json_is_found(tmp_path, target):
+    run = _sidecar(_drafter(tmp_path, target), {"temperatures": [1.5] * 7, "ece_before": [0.1] * 7})
+    assert not {"DSH501", "DSH502"} & validate(run, target).codes
+    _sidecar(run, '{"temperatures": [1.5,')
+    finding = next(f for f in validate(run, target).findings if f.code == "DSH502")
+    assert "not valid JSON" in finding.message
