@@ -249,9 +249,11 @@ def resolve_layer_attention(cfg: dict, *, path: str | Path | None = None) -> tup
                           "by the reference drafter", path=path, hint="measure this drafter with --backend vllm")
     keys = {k: cfg[k] for k in ("num_hidden_layers", "use_sliding_window", "sliding_window", "max_window_layers",
                                 "layer_types") if k in cfg}
+    from huggingface_hub.errors import StrictDataclassError
+
     try:
         hf = Qwen3Config(**keys)  # transformers' own defaults and filtering, as vLLM sees the config
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, StrictDataclassError) as exc:  # transformers validates configs with these
         raise LayoutError(f"draft attention keys {sorted(keys)} are not a valid Qwen3 config: {exc}",
                           path=path) from exc
     layer_types = list(hf.layer_types or [])
