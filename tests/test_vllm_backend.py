@@ -576,3 +576,75 @@ def test_server_backend_errors(servers):
     base.close()
     with pytest.raises(EngineUnavailableError, match="Cannot reach the vLLM server"):
         VllmServerBackend(f"http://127.0.0.1:{port}").run([[1]], num_speculative_tokens=5, max_new_tokens=2)
+
+
+# ---- vllm_checks helpers (no vLLM needed) ------------------------------------------------------------------------
+
+
+def test_vllm_said_unwraps_pydantic_errors():
+    """vLLM's configs are pydantic dataclasses: the report keeps vLLM's sentence, not pydantic's wrapping."""
+    from pydantic import field_validator
+    from pydantic.dataclasses import dataclass as pdataclass
+
+    from dsparkhub.verify.vllm_checks import vllm_said
+
+    @pdataclass
+    class SpeculativeConfig:
+        num_speculative_tokens: int
+        method: str = "dspark"
+
+        @field_validator("method")
+        @classmethod
+        def _method(cls, value):
+            if value == "dspark":
+                raise ValueError("Model Runner V1 does not support: dspark speculative decoding")
+            return value
+
+    with pytest.raises(ValueError) as info:
+        SpeculativeConfig(num_speculative_tokens=None, method="eagle3")
+    assert vllm_said(info.value) == \
+        "SpeculativeConfig.num_speculative_tokens: Input should be a valid integer (found None)"
+    with pytest.raises(ValueError) as info:
+        SpeculativeConfig(num_speculative_tokens=3, method="dspark")
+    assert vllm_said(info.value) == "Model Runner V1 does not support: dspark speculative decoding"
+    assert vllm_said(KeyError("x")) == "KeyError: 'x'"
+    assert vllm_said(ValueError("Model architectures ['X'] are not supported for now. Supported architectures: "
+                                "dict_keys(['A', 'B'])")) == \
+        "ValueError: Model architectures ['X'] are not supported for now."
+
+
+@pytest.mark.parametrize("arch, method, ok", [
+    ("Qwen3DSparkModel", "dspark", True), ("DSparkDraftModel", "dspark", True), ("DFlashDraftModel", "dspark", False),
+    ("DFlashDraftModel", "dflash", True), ("DFlash2DraftModel", "dflash", True), ("Eagle3LlamaForCausalLM", "dflash",
+                                                                                 False),
+    ("Eagle3LlamaForCausalLM", "eagle3", True), ("Eagle3Qwen3ForCausalLM", "eagle3", True),
+    ("Qwen3DSparkModel", "eagle3", False),
+])
+def test_architecture_serves_method(arch, method, ok):
+    from dsparkhub.verify.vllm_checks import serves_method
+
+    assert serves_method(arch, method) is ok
+
+
+@pytest.mark.parametrize("config, n", [
+    ({"block_size": 7}, 7), ({"dspark_block_size": 5}, 5), ({"dflash_config": {"block_size": 16}}, 16),
+    ({"speculators_config": {"proposal_methods": [{"speculative_tokens": 3}]}}, 3),
+    ({"speculators_config": {"proposal_methods": [{}]}}, None), ({}, None),
+])
+def test_default_num_speculative_tokens(config, n):
+    from dsparkhub.verify.vllm_checks import default_num_speculative_tokens
+
+    assert default_num_speculative_tokens(config) == n
+
+
+def test_vllm_check_without_n_names_the_missing_key(tmp_path):
+    """No -n and no block size / speculative_tokens: one clear error before any vLLM child starts."""
+    from click.testing import CliRunner
+
+    from dsparkhub.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3",
+                                                      "speculators_config": {"proposal_methods": [{}]}}))
+    result = CliRunner().invoke(main, ["vllm-check", str(tmp_path), "--target", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "names no number of speculative tokens" in result.output and "-n" in result.output
