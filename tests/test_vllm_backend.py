@@ -648,3 +648,48 @@ def test_vllm_check_without_n_names_the_missing_key(tmp_path):
     result = CliRunner().invoke(main, ["vllm-check", str(tmp_path), "--target", str(tmp_path)])
     assert result.exit_code == 1
     assert "names no number of speculative tokens" in result.output and "-n" in result.output
+
+
+# A vLLM 0.32 engine-core failure as it reaches the child's log (vllm/logger.py prefixes every line of a record;
+# the multiprocessing wrapper adds the process name): the root cause is the first exception of the chain.
+_CORE_LOG = """\
+(EngineCore pid=4242) INFO 12-01 22:50:00 [core.py:101] Initializing a V1 LLM engine (v0.32.0) with config: ...
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] EngineCore failed to start.
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] Traceback (most recent call last):
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510]   File "/vllm/v1/attention/backends/cpu_attn.py", line 330, in __init__
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510]     raise ValueError(msg)
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] ValueError: Head size 16 is not supported by the CPU attention
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] backend; supported head sizes: [32, 64, 80, 96, 112, 128, 256].
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510]
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] The above exception was the direct cause of the following exception:
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510]
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] Traceback (most recent call last):
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510]   File "/vllm/v1/engine/core.py", line 1500, in run_engine_core
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] RuntimeError: Worker failed to initialize the model
+(MainProcess pid=4200) INFO 12-01 22:50:02 [loggers.py:200] Engine 000: Avg prompt throughput: 0.0 tokens/s, \
+Avg generation throughput: 0.0 tokens/s, Running: 0 reqs
+"""
+
+
+def test_root_cause_from_log_takes_the_first_exception_of_the_core_traceback():
+    from dsparkhub.verify.vllm_backend import root_cause_from_log
+
+    assert root_cause_from_log(_CORE_LOG) == (
+        "ValueError: Head size 16 is not supported by the CPU attention backend; supported head sizes: "
+        "[32, 64, 80, 96, 112, 128, 256].")
+    assert root_cause_from_log("[rank0]: (EngineCore pid=1) ERROR 12-01 10:00:00 [core.py:1] EngineCore failed to "
+                               "start.\n[rank0]: (EngineCore pid=1) KeyError: 'x'\n") == "KeyError: 'x'"
+    assert root_cause_from_log("INFO all fine\nValueError: not after a core failure\n") is None
+
+
+def test_engine_core_failure_names_the_root_cause(tmp_path, fake_vllm, drafter):
+    """The parent only sees "Engine core initialization failed. See root cause above": the error leads with the
+    engine core's own exception, read from the child's log, not with a stats line."""
+    env = dict(fake_vllm, FAKE_STDERR=_CORE_LOG.rstrip("\n"),
+               FAKE_REFUSE="Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    with pytest.raises(VerifyError) as info:
+        VllmBackend(tmp_path, drafter, env=env, timeout_s=60).run([[1]], num_speculative_tokens=3, max_new_tokens=4)
+    first = str(info.value).splitlines()[0]
+    assert "failed while starting the engine: ValueError: Head size 16 is not supported by the CPU attention" in first
+    assert "(root cause, from vLLM's engine-core traceback; the parent saw ValueError: Engine core" in first
+    assert "throughput" not in first

@@ -522,9 +522,11 @@ def root_cause_from_log(text: str) -> str | None:
     """
     lines = []
     for raw in text.splitlines():
-        line = raw
-        for prefix in _LOG_PREFIXES:
-            line = prefix.sub("", line)
+        line, before = raw, None
+        while line != before:  # the prefixes come in either order
+            before = line
+            for prefix in _LOG_PREFIXES:
+                line = prefix.sub("", line)
         lines.append(line)
     start = max((i for i, ln in enumerate(lines) if any(m in ln for m in _CORE_FAILED)), default=None)
     if start is None:
