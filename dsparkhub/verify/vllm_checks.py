@@ -93,23 +93,18 @@ def vllm_said(exc: BaseException) -> str:
     ``<sentence>`` / ``SpeculativeConfig.<field>: Input should be ... (found None)``; other exceptions as
     ``Type: message``.
     """
-    errors = getattr(exc, "errors", None)
-    title = getattr(exc, "title", None)
-    if callable(errors) and title is not None:
-        try:
-            items = errors()
-        except Exception:  # noqa: BLE001 - not a pydantic error after all; fall through to str(exc)
-            items = None
-        if items:
-            parts = []
-            for e in items:
-                msg = str(e.get("msg", "")).removeprefix("Value error, ")
-                loc = ".".join(str(x) for x in e.get("loc", ()) if x != "__root__")
-                if e.get("type") == "value_error" or not loc:
-                    parts.append(msg)
-                else:
-                    parts.append(f"{title}.{loc}: {msg} (found {e.get('input')!r})")
-            return _short("; ".join(parts))
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError) and exc.errors():
+        parts = []
+        for e in exc.errors():
+            msg = str(e.get("msg", "")).removeprefix("Value error, ")
+            loc = ".".join(str(x) for x in e.get("loc", ()) if x != "__root__")
+            if e.get("type") == "value_error" or not loc:
+                parts.append(msg)
+            else:
+                parts.append(f"{exc.title}.{loc}: {msg} (found {e.get('input')!r})")
+        return _short("; ".join(parts))
     return _short(f"{type(exc).__name__}: {exc}")
 
 
