@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.vllm]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # slow: reads the embedded example (built once, cached)
 pytest.importorskip("vllm")
 
 from dsparkhub.modeling import load_drafter, target_features  # noqa: E402
