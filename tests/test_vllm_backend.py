@@ -671,6 +671,44 @@ Avg generation throughput: 0.0 tokens/s, Running: 0 reqs
 """
 
 
+# vLLM 0.32 on CPU with a head_dim-16 target (trimmed from a real child log): the worker fails inside the attention
+# kernel, the engine core reports "Worker failed with error ...", a stats dump sits between them.
+_WORKER_LOG = """\
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063] WorkerProc hit an exception.
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063] Traceback (most recent call last):
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063]   File "/vllm/_custom_ops.py", line 3177, in cpu_attention_with_kv_cache
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063]     return self._op(*args, **kwargs)
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063]
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [dump_input.py:81] Dumping scheduler stats: SchedulerStats(num_running_reqs=1, \
+spec_decoding_stats=None, kv_connector_stats=None, ec_connector_stats=None, waiting_lora_adapters={}, perf_stats=None)
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [core.py:1512] EngineCore encountered a fatal error.
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [core.py:1512] Traceback (most recent call last):
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [core.py:1512]   File "/vllm/v1/executor/multiproc_executor.py", line 444, in get_response
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [core.py:1512]     raise RuntimeError(
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [core.py:1512] RuntimeError: Worker failed with error 'Unsupported CPU \
+attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the stack trace above for the root cause
+"""
+
+
+def test_root_cause_from_log_prefers_the_worker_traceback():
+    from dsparkhub.verify.vllm_backend import root_cause_from_log
+
+    assert root_cause_from_log(_WORKER_LOG) == \
+        "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
+
+
+def test_cpu_attention_refusal_quotes_the_root_cause_not_a_stats_line(tmp_path, fake_vllm, drafter):
+    env = dict(fake_vllm, FAKE_STDERR=_WORKER_LOG.rstrip("\n"),
+               FAKE_REFUSE="EngineCore encountered an issue. See stack trace (above) for the root cause.")
+    with pytest.raises(EngineUnavailableError) as info:
+        VllmBackend(tmp_path, drafter, env=env, timeout_s=60).run([[1]], num_speculative_tokens=3, max_new_tokens=4)
+    text = str(info.value)
+    assert 'refused to start the dflash drafter: "RuntimeError: Unsupported CPU attention configuration: ' \
+           'head_dim=16 isa=2 kv_cache_idx=0"' in text
+    assert "head_dim" in text.split("Why:")[1] and "--backend reference" in text and "SchedulerStats" not in text
+
+
 def test_root_cause_from_log_takes_the_first_exception_of_the_core_traceback():
     from dsparkhub.verify.vllm_backend import root_cause_from_log
 

