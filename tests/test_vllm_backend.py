@@ -694,8 +694,11 @@ attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the sta
 def test_root_cause_from_log_prefers_the_worker_traceback():
     from dsparkhub.verify.vllm_backend import root_cause_from_log
 
-    assert root_cause_from_log(_WORKER_LOG) == \
-        "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
+    cause = "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
+    assert root_cause_from_log(_WORKER_LOG) == cause
+    # another process's line right after the exception is not part of its message
+    packed = "\n".join(ln for ln in _WORKER_LOG.splitlines() if not ln.endswith("[multiproc_executor.py:1063]"))
+    assert root_cause_from_log(packed) == cause
 
 
 def test_cpu_attention_refusal_quotes_the_root_cause_not_a_stats_line(tmp_path, fake_vllm, drafter):

@@ -528,7 +528,7 @@ def root_cause_from_log(text: str) -> str | None:
     Args:
         text: the child's log (vLLM's stdout and stderr).
     """
-    lines = []
+    lines, procs = [], []
     for raw in text.splitlines():
         line, before = raw, None
         while line != before:  # the prefixes come in either order
@@ -536,6 +536,8 @@ def root_cause_from_log(text: str) -> str | None:
             for prefix in _LOG_PREFIXES:
                 line = prefix.sub("", line)
         lines.append(line)
+        proc = _LOG_PREFIXES[0].search(raw)
+        procs.append(proc.group(0) if proc else None)
     cores = [i for i, ln in enumerate(lines) if any(m in ln for m in _CORE_FAILED)]
     if not cores:
         return None
@@ -547,9 +549,11 @@ def root_cause_from_log(text: str) -> str | None:
         if m is None:
             continue
         message = [m.group(2).strip()]
-        for more in lines[i + 1:i + 4]:  # multi-line messages continue until the next traceback element
-            if not more.strip() or more.startswith(("Traceback", "The above", "During handling", "  ")) \
-                    or _EXCEPTION_LINE.match(more) or any(mk in more for mk in _CORE_FAILED):
+        for j in range(i + 1, min(i + 4, len(lines))):  # a multi-line message continues in the same process
+            more = lines[j]
+            if procs[j] != procs[i] or not more.strip() \
+                    or more.startswith(("Traceback", "The above", "During handling", "  ")) \
+                    or _EXCEPTION_LINE.match(more) or any(mk in more for mk in _CORE_FAILED + _WORKER_FAILED):
                 break
             message.append(more.strip())
         return f"{m.group(1)}: {' '.join(message)}".strip()
