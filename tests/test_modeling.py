@@ -329,3 +329,22 @@ def test_sliding_window_backbone_matches_explicit_masks(target):
         # a bidirectional window wider than everything is full attention
         wide = _sliding(d, layer_types=[SWA, SWA], sliding_window=64, use_sliding_window=True, is_causal=False)
         assert torch.allclose(wide.backbone(q_ids, q_pos, cache), full, atol=1e-6)
+
+
+def test_attention_value_scale_scales_context_and_block_values(target):
+    """dflash_config.attention_value_scale multiplies V of context and block (vLLM 0.32 qwen3_dflash.py forward and
+    precompute_and_store_context_kv)."""
+    import dataclasses
+
+    _, model = target
+    d = make_tiny_drafter(None, model, kind="dflash", target_layer_ids=[0, 1])
+    assert drafter_config_from_dict(_base_cfg(architectures=["DFlashDraftModel"], markov_rank=None, dflash_config={
+        "attention_value_scale": 0.5})).value_scale == 0.5
+    scaled = Drafter(dataclasses.replace(d.config, value_scale=0.5)).eval()
+    scaled.load_state_dict(d.state_dict())
+    x = torch.randn(1, 3, d.config.hidden_size)
+    cos, sin = d.rope.cos_sin(torch.arange(3).unsqueeze(0), x.dtype)
+    with torch.no_grad():
+        k0, v0 = d.layers[0].self_attn.kv(x, cos, sin)
+        k1, v1 = scaled.layers[0].self_attn.kv(x, cos, sin)
+    assert torch.equal(k0, k1) and torch.allclose(v1, 0.5 * v0)
