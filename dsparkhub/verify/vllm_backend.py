@@ -574,12 +574,11 @@ def raise_child_error(error: dict, *, what: str, method: str | None, child: "Chi
     """
     message = str(error.get("message", ""))
     etype = str(error.get("type", "Exception"))
-    log_path = child.keep_log() if child is not None else None  # the work folder is deleted on close
     # vLLM's engine core runs in its own process: its traceback (the root cause) is only in the child's log.
     text = ""
-    if log_path is not None:
+    if child is not None:
         try:
-            text = log_path.read_text(errors="replace").rsplit(CHILD_EXCEPTION_MARKER, 1)[0]  # vLLM's lines only
+            text = child.log_path.read_text(errors="replace").rsplit(CHILD_EXCEPTION_MARKER, 1)[0]  # vLLM's only
         except OSError:
             text = ""
     cause = root_cause_from_log(text)
@@ -591,6 +590,7 @@ def raise_child_error(error: dict, *, what: str, method: str | None, child: "Chi
     if paragraph is not None:
         raise EngineUnavailableError(paragraph)
     stage = error.get("stage", "?")
+    log_path = child.keep_log() if child is not None else None  # the work folder is deleted on close
     head = f"{what} failed while {stage}: " + (f"{cause} (root cause, from vLLM's engine-core traceback; the "
                                                 f"parent saw {etype}: {message})" if cause else f"{etype}: {message}")
     raise VerifyError(
