@@ -673,20 +673,27 @@ def example_build(cache_dir: str | None, force: bool, from_scratch: bool, as_jso
 @click.argument("draft", type=click.Path(exists=True, file_okay=False))
 @click.option("--target", required=True, help="Target: local HF folder (or a Hub id already in the HF cache).")
 @click.option("--num-speculative-tokens", "-n", type=click.IntRange(min=1),
-              help="n for vLLM's speculative config (default: the drafter's block_size).")
+              help="n for vLLM's speculative config (default: the drafter's block_size, or a speculators config's "
+                   "speculative_tokens).")
+@click.option("--method", type=click.Choice(["dspark", "dflash", "eagle3"]),
+              help="Speculative method to check the drafter with (default: read from its config.json).")
 @click.option("--dtype", default="auto", show_default=True, help="vLLM dtype for the target config.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
-def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, dtype: str, as_json: bool) -> None:
-    """Run vLLM 0.32's own checks of a converted DSpark drafter on CPU: config, load_weights, engine. Exit 1 on
-    failure (a refused engine stage on CPU is expected and not a failure)."""
+def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, method: str | None, dtype: str,
+               as_json: bool) -> None:
+    """Run vLLM 0.32's own checks of a converted DSpark, DFlash or EAGLE-3 drafter on CPU, with the drafter's own
+    method: config, load_weights, engine. Exit 1 on failure (a refused engine stage on CPU is expected for DSpark and
+    not a failure)."""
     from .verify.vllm_checks import check_with_vllm
 
-    report = check_with_vllm(draft, target, num_speculative_tokens=num_speculative_tokens, dtype=dtype)
+    report = check_with_vllm(draft, target, method=method, num_speculative_tokens=num_speculative_tokens,
+                             dtype=dtype)
     if as_json:
         echo_json(report.to_dict())
     else:
-        click.echo(f"{report.draft}  (vLLM {report.vllm_version}, n={report.num_speculative_tokens})")
+        click.echo(f"{report.draft}  (vLLM {report.vllm_version}, method {report.method}, "
+                   f"n={report.num_speculative_tokens})")
         for s in report.stages:
             click.echo(f"  {s.name:<13} {s.status:<8} {s.message}")
             for name in s.details.get("missing", [])[:20]:

@@ -12,7 +12,9 @@ Semantics follow vLLM 0.32 (the engine whose τ the reference engine predicts):
   them with its own ``k_proj`` / ``v_proj`` (no ``input_layernorm``), ``k_norm``, RoPE at the context positions
   (``qwen3_dflash.py``, ``precompute_and_store_context_kv``; DeepSpec ``Qwen3DSparkAttention``).
 - the query block ``[anchor, mask, ...]`` sits at positions ``p, p + 1, ...`` right after the last context position;
-  attention is non-causal over context + block (``_dflash_layer_causal`` default).
+  each draft layer attends over context + block with its own (sliding window, causal) pair, resolved from the config
+  exactly as vLLM 0.32 ``qwen3_dflash.py`` ``_resolve_layer_attention`` / ``_dflash_layer_causal`` (lines 86-180)
+  do it, masked as vLLM's FlashAttention backend masks it (:func:`attention_mask`). Default: full, non-causal.
 - block layout: anchor-first (DSpark, ``sample_from_anchor`` true: slot i predicts position p + i + 1, n queries) or
   1+N fill-in (DFlash, slots 1..n predict their own positions) — ``v1/worker/gpu/spec_decode/dspark/speculator.py``.
 - Markov bias ``markov_w2(markov_w1[prev])`` is added position by position, ``prev`` being the token chosen at the
@@ -20,9 +22,9 @@ Semantics follow vLLM 0.32 (the engine whose τ the reference engine predicts):
   ``logit_scale`` (vLLM ``LogitsProcessor``).
 - confidence = ``sigmoid(proj([h ; markov_w1[prev]]))`` (or ``[h]`` when ``confidence_head_with_markov`` is false).
 
-What it deliberately does not do: sliding-window or causal draft layers, non-default RoPE scaling, Gemma4 / K3 /
-DeepSeek-V4 drafters (they raise :class:`~dsparkhub.errors.LayoutError`), speculators-format folders (convert them
-first), and anything about decoding policy — that is ``dsparkhub.verify.reference``.
+What it deliberately does not do: attention-sink bias, interleaved (non-neox) RoPE, non-default RoPE scaling,
+Gemma4 / K3 / DeepSeek-V4 drafters (they raise :class:`~dsparkhub.errors.LayoutError`), speculators-format folders
+(convert them first), and anything about decoding policy — that is ``dsparkhub.verify.reference``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ __all__ = [
     "drafter_config_from_dict",
     "target_features",
     "ContextCache",
+    "LayerAttention",
+    "attention_mask",
+    "resolve_layer_attention",
 ]
 
 DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")
@@ -59,6 +64,22 @@ DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
 
 
 # ---- configuration --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """How one draft layer's query block attends over [context ; block].
+
+    Attributes:
+        sliding_window: w, or None for full attention. A query at position p sees keys at positions
+            ``p - w + 1 .. p`` (causal) or ``p - w + 1 .. p + w - 1`` (non-causal): vLLM 0.32 turns w into the
+            FlashAttention window ``(w - 1, 0)`` (``v1/attention/backends/flash_attn.py:1077-1082``) and makes it
+            symmetric for non-causal attention (``_maybe_symmetrize_window``, same file, 581-592).
+        causal: the query at position p sees no key after p (block slots after it included).
+    """
+
+    sliding_window: int | None = None
+    causal: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,11 +125,17 @@ class DrafterConfig:
     hidden_act: str = "silu"
     logit_scale: float = 1.0
     attention_bias: bool = False
+    layer_attention: tuple[LayerAttention, ...] = ()
+    value_scale: float | None = None
 
     @property
     def num_context_features(self) -> int:
         """A, the number of target layers concatenated into ``fc``'s input."""
         return len(self.target_layer_ids)
+
+    def attention_of(self, layer: int) -> LayerAttention:
+        """Draft layer ``layer``'s attention mode (full and non-causal when ``layer_attention`` is empty)."""
+        return self.layer_attention[layer] if self.layer_attention else LayerAttention()
 
 
 def resolve_target_layer_ids(cfg: dict, *, path: str | Path | None = None) -> tuple[int, ...]:
@@ -182,6 +209,81 @@ def _rope_theta(cfg: dict, path) -> float:
     return float(theta)
 
 
+_SLIDING = "sliding_attention"
+
+
+def resolve_layer_attention(cfg: dict, *, path: str | Path | None = None) -> tuple[LayerAttention, ...]:
+    """Per-layer (sliding window, causal) of a Qwen3 DSpark / DFlash drafter, resolved as vLLM 0.32 resolves it.
+
+    vLLM reads the drafter config through transformers' ``Qwen3Config``, which drops ``sliding_window`` unless
+    ``use_sliding_window`` is true and fills ``layer_types`` (sliding from ``max_window_layers`` on) when absent
+    (transformers ``models/qwen3/configuration_qwen3.py:87-95``); then ``qwen3_dflash.py`` decides per layer:
+
+    - sliding: ``layer_types[i] == "sliding_attention"``; ``dflash_config.use_swa`` makes every layer sliding when
+      no layer is (``_resolve_layer_attention``, lines 145-167). Window: ``dflash_config.swa_window_size``, else
+      the (transformers-filtered) ``sliding_window`` (lines 169-178).
+    - causal: ``is_causal`` if set, else ``dflash_config.causal`` if set, else "this layer is sliding" per
+      ``layer_types`` (``_dflash_layer_causal``, lines 86-97). So speculators' default drafters (every layer
+      ``sliding_attention``) are causal unless the config says ``is_causal: false`` (their
+      ``sliding_window_non_causal``, carried by ``dsparkhub convert``).
+
+    Mixed sliding / full layers are resolved too (vLLM's V2 model runner serves them; V1 refuses, line 152).
+
+    Args:
+        cfg: the drafter's ``config.json`` dict.
+        path: the config file, for error messages.
+
+    Returns:
+        One :class:`LayerAttention` per draft layer.
+
+    Raises:
+        LayoutError: a sliding layer without a window size, a window that is not a positive int, or an attention
+            sink bias (``dflash_config.attention_sink_bias`` / ``add_swa_attention_sink_bias``), which the
+            reference drafter does not implement.
+    """
+    from transformers import Qwen3Config
+
+    dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
+    if dflash.get("attention_sink_bias", cfg.get("add_swa_attention_sink_bias", False)):
+        raise LayoutError("attention-sink bias draft layers (dflash_config.attention_sink_bias) are not supported "
+                          "by the reference drafter", path=path, hint="measure this drafter with --backend vllm")
+    keys = {k: cfg[k] for k in ("num_hidden_layers", "use_sliding_window", "sliding_window", "max_window_layers",
+                                "layer_types") if k in cfg}
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        hf = Qwen3Config(**keys)  # transformers' own defaults and filtering, as vLLM sees the config
+    except (ValueError, TypeError, StrictDataclassError) as exc:  # transformers validates configs with these
+        raise LayoutError(f"draft attention keys {sorted(keys)} are not a valid Qwen3 config: {exc}",
+                          path=path) from exc
+    layer_types = list(hf.layer_types or [])
+    if len(layer_types) != cfg["num_hidden_layers"]:
+        raise LayoutError(f"layer_types has {len(layer_types)} entries, expected num_hidden_layers = "
+                          f"{cfg['num_hidden_layers']}", path=path)
+    any_sliding = any(t == _SLIDING for t in layer_types)
+    use_swa = bool(dflash.get("use_swa", False))
+    window = dflash.get("swa_window_size", hf.sliding_window)
+    out = []
+    for i, layer_type in enumerate(layer_types):
+        sliding = use_swa if (use_swa and not any_sliding) else layer_type == _SLIDING
+        if cfg.get("is_causal") is not None:
+            causal = bool(cfg["is_causal"])
+        elif dflash.get("causal") is not None:
+            causal = bool(dflash["causal"])
+        else:
+            causal = layer_type == _SLIDING
+        if sliding and window is None:
+            raise LayoutError(
+                f"draft layer {i} is sliding_attention but no window size is set: vLLM 0.32 reads "
+                "dflash_config.swa_window_size, else sliding_window (which transformers' Qwen3Config keeps only "
+                "with use_sliding_window: true)", path=path,
+                hint="set use_sliding_window: true next to sliding_window in config.json")
+        if sliding and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise LayoutError(f"sliding window must be a positive int, found {window!r}", path=path)
+        out.append(LayerAttention(sliding_window=int(window) if sliding else None, causal=causal))
+    return tuple(out)
+
+
 def drafter_config_from_dict(cfg: dict, *, path: str | Path | None = None) -> DrafterConfig:
     """Resolve a drafter ``config.json`` dict into a :class:`DrafterConfig`.
 
@@ -191,7 +293,7 @@ def drafter_config_from_dict(cfg: dict, *, path: str | Path | None = None) -> Dr
 
     Raises:
         LayoutError: unknown architecture, a missing required key, or a draft-attention option the reference
-            drafter does not implement (sliding window, causal layers).
+            drafter does not implement (attention sinks, interleaved RoPE; see :func:`resolve_layer_attention`).
     """
     archs = cfg.get("architectures") or []
     if any(a in DFLASH_ARCHITECTURES for a in archs):
@@ -206,11 +308,8 @@ def drafter_config_from_dict(cfg: dict, *, path: str | Path | None = None) -> Dr
         raise LayoutError("speculators-format config; the reference engine reads vLLM-layout drafters", path=path,
                           hint="run `dsparkhub convert` first")
     dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
-    if cfg.get("is_causal") or dflash.get("causal") or dflash.get("use_swa"):
-        raise LayoutError("causal or sliding-window draft attention is not supported by the reference drafter",
-                          path=path)
-    if any(t != "full_attention" for t in (cfg.get("layer_types") or [])):
-        raise LayoutError(f"layer_types {cfg.get('layer_types')!r}: only full_attention draft layers are supported",
+    if not cfg.get("is_neox_style", True):
+        raise LayoutError("is_neox_style: false (interleaved RoPE) is not supported by the reference drafter",
                           path=path)
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
         if not isinstance(cfg.get(key), int):
@@ -224,6 +323,8 @@ def drafter_config_from_dict(cfg: dict, *, path: str | Path | None = None) -> Dr
     if kind == "dflash" and dflash.get("sample_from_anchor", False):
         raise LayoutError("dflash_config.sample_from_anchor=true is not supported for DFlash (vLLM refuses it)",
                           path=path)
+    layer_attention = resolve_layer_attention(cfg, path=path)
+    value_scale = dflash.get("attention_value_scale")
     block_size = cfg.get("block_size", cfg.get("dspark_block_size", dflash.get("block_size")))
     enable_conf = bool(cfg.get("enable_confidence_head", False)) if kind == "dspark" else False
     return DrafterConfig(
@@ -249,6 +350,8 @@ def drafter_config_from_dict(cfg: dict, *, path: str | Path | None = None) -> Dr
         hidden_act=str(cfg.get("hidden_act", "silu")),
         logit_scale=float(cfg.get("logit_scale", 1.0)),
         attention_bias=bool(cfg.get("attention_bias", False)),
+        layer_attention=layer_attention,
+        value_scale=float(value_scale) if value_scale is not None else None,
     )
 
 
@@ -293,13 +396,47 @@ class Rope:
         return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
 
 
-class Attention(nn.Module):
-    """DFlash attention: Q from the block, K/V from [context states ; block hidden], non-causal."""
+def attention_mask(query_positions: torch.Tensor, key_positions: torch.Tensor,
+                   mode: LayerAttention) -> torch.Tensor | None:
+    """Which keys each block query may see under ``mode``, as vLLM 0.32's FlashAttention backend masks them.
 
-    def __init__(self, cfg: DrafterConfig):
+    Positions stand in for FlashAttention's bottom-right-aligned indices: vLLM's draft KV cache holds the context at
+    positions ``0 .. p - 1`` and the block at ``p ..``, so index and position agree. Causal: key position <= query
+    position. Sliding window w: key position >= query position - (w - 1), and for non-causal layers also <= query
+    position + (w - 1) (``flash_attn.py:1077-1082`` window ``(w - 1, 0)``, made symmetric by
+    ``_maybe_symmetrize_window``, lines 581-592).
+
+    Args:
+        query_positions: [B, Q] int64 positions of the block slots.
+        key_positions: [B, K] int64 positions of the keys (context then block).
+        mode: the layer's :class:`LayerAttention`.
+
+    Returns:
+        bool [B, 1, Q, K] (True = attend), or None when every query sees every key (full, non-causal).
+    """
+    if mode.sliding_window is None and not mode.causal:
+        return None
+    delta = query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)  # [B, Q, K]: how far back the key is
+    allowed = torch.ones_like(delta, dtype=torch.bool)
+    if mode.causal:
+        allowed &= delta >= 0
+    if mode.sliding_window is not None:
+        allowed &= delta <= mode.sliding_window - 1
+        if not mode.causal:
+            allowed &= delta >= -(mode.sliding_window - 1)
+    return allowed.unsqueeze(1)
+
+
+class Attention(nn.Module):
+    """DFlash attention: Q from the block, K/V from [context states ; block hidden], masked per
+    :func:`attention_mask` (full and non-causal by default)."""
+
+    def __init__(self, cfg: DrafterConfig, layer: int = 0):
         super().__init__()
         h, hd = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+        self.mode = cfg.attention_of(layer)
+        self.value_scale = cfg.value_scale
         self.q_proj = nn.Linear(h, self.num_heads * hd, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * hd, bias=cfg.attention_bias)
@@ -308,10 +445,16 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K (normed, rotated) and V of ``x`` [B, T, H] -> two [B, nkv, T, hd]."""
+        """K (normed, rotated) and V of ``x`` [B, T, H] -> two [B, nkv, T, hd].
+
+        V is multiplied by ``dflash_config.attention_value_scale`` when set, for context and block alike (vLLM 0.32
+        ``qwen3_dflash.py`` ``forward`` and ``precompute_and_store_context_kv``).
+        """
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.value_scale is not None:
+            v = v * self.value_scale
         return Rope.apply(k, cos, sin), v
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask=None):
@@ -345,9 +488,9 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm Qwen3 decoder layer whose attention also reads the context K/V."""
 
-    def __init__(self, cfg: DrafterConfig):
+    def __init__(self, cfg: DrafterConfig, layer: int = 0):
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layer)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -377,7 +520,8 @@ class ConfidenceHead(nn.Module):
 
 @dataclass
 class ContextCache:
-    """The drafter's cached context K/V, one (K, V) pair of [B, nkv, T, hd] per draft layer (post norm + RoPE).
+    """The drafter's cached context K/V, one (K, V) pair of [B, nkv, T, hd] per draft layer (post norm + RoPE), and
+    the positions they were computed at (what sliding-window and causal masks compare against).
 
     Mirrors the context part of vLLM's draft KV cache: appended after every verify step, cropped implicitly because
     only accepted positions are ever appended (the query block is never cached).
@@ -385,6 +529,7 @@ class ContextCache:
 
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
+    positions: torch.Tensor | None = None  # [B, T] int64 context positions (None: 0 .. T - 1)
 
     @property
     def length(self) -> int:
@@ -407,7 +552,7 @@ class Drafter(nn.Module):
     def __init__(self, config: DrafterConfig):
         super().__init__()
         cfg = self.config = config
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.fc = nn.Linear(cfg.num_context_features * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -435,7 +580,7 @@ class Drafter(nn.Module):
         """Per-layer context K/V of ``features`` [B, T, A·Ht] at ``positions`` [B, T] (int64)."""
         states = self.context_states(features)
         cos, sin = self.rope.cos_sin(positions, states.dtype)
-        cache = ContextCache()
+        cache = ContextCache(positions=positions.expand(states.shape[0], -1))
         for layer in self.layers:
             k, v = layer.self_attn.kv(states, cos, sin)
             cache.keys.append(k)
@@ -446,11 +591,19 @@ class Drafter(nn.Module):
         """Append the context K/V of new positions to ``cache`` (in place) and return it."""
         new = self.context_kv(features, positions)
         if not cache.keys:
-            cache.keys, cache.values = new.keys, new.values
+            cache.keys, cache.values, cache.positions = new.keys, new.values, new.positions
         else:
+            old = cache.positions if cache.positions is not None else self._default_positions(cache)
             cache.keys = [torch.cat([a, b], dim=2) for a, b in zip(cache.keys, new.keys)]
             cache.values = [torch.cat([a, b], dim=2) for a, b in zip(cache.values, new.values)]
+            cache.positions = torch.cat([old.expand(new.positions.shape[0], -1), new.positions], dim=1)
         return cache
+
+    @staticmethod
+    def _default_positions(cache: ContextCache) -> torch.Tensor:
+        """``0 .. T - 1`` per batch row, for a cache built without positions."""
+        keys = cache.keys[0]
+        return torch.arange(keys.shape[2], device=keys.device).unsqueeze(0).expand(keys.shape[0], -1)
 
     def backbone(self, block_ids: torch.Tensor, positions: torch.Tensor, cache: ContextCache,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -460,15 +613,25 @@ class Drafter(nn.Module):
             block_ids: [B, Q] int64 token ids (anchor and mask tokens).
             positions: [B, Q] int64 absolute positions of the block slots.
             cache: context K/V (``ContextCache``) over T positions.
-            mask: None (every slot sees all context and the whole block) or bool [B, 1, Q, T + Q].
+            mask: None, or bool [B, 1, Q, T + Q] (True = attend) for training-style blocks; it is combined (AND)
+                with each layer's own :func:`attention_mask` (sliding window, causal).
 
         Returns:
             [B, Q, H] final-normed hidden states.
         """
         x = self.embed_tokens(block_ids)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
+        key_positions = None
         for layer, k, v in zip(self.layers, cache.keys, cache.values):
-            x = layer(x, cos, sin, k, v, mask)
+            layer_mask = mask
+            mode = layer.self_attn.mode
+            if mode.sliding_window is not None or mode.causal:
+                if key_positions is None:
+                    ctx = cache.positions if cache.positions is not None else self._default_positions(cache)
+                    key_positions = torch.cat([ctx.expand(positions.shape[0], -1), positions], dim=1)
+                own = attention_mask(positions, key_positions, mode)
+                layer_mask = own if mask is None else own & mask
+            x = layer(x, cos, sin, k, v, layer_mask)
         return self.norm(x)
 
     # -- heads -------------------------------------------------------------------------------------------------

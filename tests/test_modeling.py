@@ -13,8 +13,11 @@ from dsparkhub.example import make_tiny_drafter, make_tiny_target
 from dsparkhub.modeling import (
     ContextCache,
     Drafter,
+    LayerAttention,
+    attention_mask,
     drafter_config_from_dict,
     load_drafter,
+    resolve_layer_attention,
     resolve_mask_token_id,
     resolve_target_layer_ids,
     target_features,
@@ -88,8 +91,8 @@ def test_kind_and_layout_resolution():
         cfg = _base_cfg()
         del cfg["markov_rank"]
         drafter_config_from_dict(cfg)
-    with pytest.raises(LayoutError, match="sliding"):
-        drafter_config_from_dict(_base_cfg(layer_types=["sliding_attention"]))
+    with pytest.raises(LayoutError, match="no window size is set"):
+        drafter_config_from_dict(_base_cfg(layer_types=["sliding_attention"], sliding_window=8))
 
 
 def test_parameter_names_are_deepspec_names():
@@ -228,3 +231,120 @@ def test_block_query_layouts(target):
 
 def test_context_cache_length():
     assert ContextCache().length == 0
+
+
+# ---- sliding-window and causal draft layers (vLLM 0.32 qwen3_dflash.py _resolve_layer_attention) --------------
+
+SWA, FULL = "sliding_attention", "full_attention"
+
+
+@pytest.mark.parametrize("keys, expected", [
+    ({}, [(None, False)] * 2),
+    # speculators' default drafter: every layer sliding -> causal unless is_causal says otherwise
+    ({"layer_types": [SWA, SWA], "sliding_window": 8, "use_sliding_window": True}, [(8, True)] * 2),
+    ({"layer_types": [SWA, SWA], "sliding_window": 8, "use_sliding_window": True, "is_causal": False},
+     [(8, False)] * 2),
+    ({"layer_types": [SWA, SWA], "sliding_window": 8, "use_sliding_window": True,
+      "dflash_config": {"causal": False}}, [(8, False)] * 2),
+    # is_causal wins over dflash_config.causal
+    ({"is_causal": True, "dflash_config": {"causal": False}}, [(None, True)] * 2),
+    # mixed layers (z-lab gemma-4 style): causal only where sliding
+    ({"layer_types": [SWA, FULL], "sliding_window": 4, "use_sliding_window": True}, [(4, True), (None, False)]),
+    # use_swa (MiMo): every layer sliding, non-causal; dflash_config.swa_window_size wins over sliding_window
+    ({"dflash_config": {"use_swa": True, "swa_window_size": 6}, "sliding_window": 8, "use_sliding_window": True},
+     [(6, False)] * 2),
+    # transformers' Qwen3Config fills layer_types from max_window_layers when absent
+    ({"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1}, [(None, False), (5, True)]),
+])
+def test_layer_attention_resolution(keys, expected):
+    cfg = _base_cfg(num_hidden_layers=2, **keys)
+    got = resolve_layer_attention(cfg)
+    assert [(a.sliding_window, a.causal) for a in got] == expected
+    assert drafter_config_from_dict(cfg).layer_attention == got
+
+
+@pytest.mark.parametrize("keys, match", [
+    ({"layer_types": [SWA]}, "no window size"),
+    ({"layer_types": [SWA], "sliding_window": 8}, "use_sliding_window"),  # transformers drops the window
+    ({"dflash_config": {"use_swa": True, "swa_window_size": 0}}, "positive int"),
+    ({"dflash_config": {"attention_sink_bias": True}}, "attention-sink"),
+    ({"is_neox_style": False}, "interleaved RoPE"),
+    ({"layer_types": [SWA, SWA]}, "not a valid Qwen3 config"),
+])
+def test_layer_attention_refusals(keys, match):
+    with pytest.raises(LayoutError, match=match):
+        drafter_config_from_dict(_base_cfg(**keys))
+
+
+def test_attention_mask_follows_flash_attention_windows():
+    q = torch.tensor([[4, 5]])
+    k = torch.arange(7).unsqueeze(0)  # context 0..3, block 4..5 plus one later key
+    assert attention_mask(q, k, LayerAttention()) is None
+    causal = attention_mask(q, k, LayerAttention(causal=True))[0, 0]
+    assert causal.int().tolist() == [[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 0]]
+    swa = attention_mask(q, k, LayerAttention(sliding_window=3, causal=True))[0, 0]  # keys p-2 .. p
+    assert swa.int().tolist() == [[0, 0, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 0]]
+    bidi = attention_mask(q, k, LayerAttention(sliding_window=2, causal=False))[0, 0]  # keys p-1 .. p+1
+    assert bidi.int().tolist() == [[0, 0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1]]
+
+
+def _sliding(drafter: Drafter, **keys) -> Drafter:
+    """``drafter`` with the same weights and a config whose draft layers follow ``keys``."""
+    import dataclasses
+
+    cfg = _base_cfg(num_hidden_layers=drafter.config.num_hidden_layers, **keys)
+    modes = resolve_layer_attention(cfg)
+    other = Drafter(dataclasses.replace(drafter.config, layer_attention=modes)).eval()
+    other.load_state_dict(drafter.state_dict())
+    return other
+
+
+def test_sliding_window_backbone_matches_explicit_masks(target):
+    """Cached-context inference of sliding / causal layers equals full attention under the hand-written mask."""
+    _, model = target
+    torch.manual_seed(0)
+    d = make_tiny_drafter(None, model, kind="dspark", target_layer_ids=[0, 1], num_hidden_layers=2)
+    feats = torch.randn(1, 9, d.config.num_context_features * d.config.target_hidden_size)
+    anchor, block = 9, 4
+    variants = {
+        "causal_swa": ({"layer_types": [SWA, SWA], "sliding_window": 3, "use_sliding_window": True},
+                       lambda qp, kp: (kp <= qp) & (kp >= qp - 2)),
+        "bidi_swa": ({"layer_types": [SWA, SWA], "sliding_window": 3, "use_sliding_window": True,
+                      "is_causal": False}, lambda qp, kp: (kp - qp).abs() <= 2),
+        "causal_full": ({"is_causal": True}, lambda qp, kp: kp <= qp),
+    }
+    with torch.no_grad():
+        cache = d.context_kv(feats[:, :5], torch.arange(5).unsqueeze(0))
+        d.extend_context(cache, feats[:, 5:], torch.arange(5, 9).unsqueeze(0))
+        assert cache.positions.tolist() == [list(range(9))]
+        q_ids, q_pos, _ = d.block_query(torch.tensor([7]), block, torch.tensor([anchor]))
+        full = d.backbone(q_ids, q_pos, cache)
+        kp = torch.arange(anchor + block).view(1, 1, -1)
+        for name, (keys, rule) in variants.items():
+            s = _sliding(d, **keys)
+            got = s.backbone(q_ids, q_pos, cache)
+            want = d.backbone(q_ids, q_pos, cache, rule(q_pos.view(1, -1, 1), kp).unsqueeze(1))
+            assert torch.allclose(got, want, atol=1e-6), name
+            assert not torch.allclose(got, full, atol=1e-4), f"{name}: the mask should matter"
+        # a bidirectional window wider than everything is full attention
+        wide = _sliding(d, layer_types=[SWA, SWA], sliding_window=64, use_sliding_window=True, is_causal=False)
+        assert torch.allclose(wide.backbone(q_ids, q_pos, cache), full, atol=1e-6)
+
+
+def test_attention_value_scale_scales_context_and_block_values(target):
+    """dflash_config.attention_value_scale multiplies V of context and block (vLLM 0.32 qwen3_dflash.py forward and
+    precompute_and_store_context_kv)."""
+    import dataclasses
+
+    _, model = target
+    d = make_tiny_drafter(None, model, kind="dflash", target_layer_ids=[0, 1])
+    assert drafter_config_from_dict(_base_cfg(architectures=["DFlashDraftModel"], markov_rank=None, dflash_config={
+        "attention_value_scale": 0.5})).value_scale == 0.5
+    scaled = Drafter(dataclasses.replace(d.config, value_scale=0.5)).eval()
+    scaled.load_state_dict(d.state_dict())
+    x = torch.randn(1, 3, d.config.hidden_size)
+    cos, sin = d.rope.cos_sin(torch.arange(3).unsqueeze(0), x.dtype)
+    with torch.no_grad():
+        k0, v0 = d.layers[0].self_attn.kv(x, cos, sin)
+        k1, v1 = scaled.layers[0].self_attn.kv(x, cos, sin)
+    assert torch.equal(k0, k1) and torch.allclose(v1, 0.5 * v0)

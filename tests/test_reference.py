@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from dsparkhub.errors import VerifyError
 from dsparkhub.example import make_tiny_drafter, make_tiny_target
+from dsparkhub.modeling import target_features
 from dsparkhub.verify.reference import ReferenceEngine, rejection_step
 
 torch.set_num_threads(1)
@@ -176,3 +179,36 @@ def test_engine_identity_and_errors(tiny):
     dflash = ReferenceEngine(model, root / "dflash")
     with pytest.raises(VerifyError, match="confidence head"):
         ReferenceEngine(model, dflash.drafter, confidence_threshold=0.5)
+
+
+@pytest.mark.parametrize("kind", ["dspark", "dflash"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sliding_window_drafters_decode_losslessly(tiny, tmp_path, kind, causal):
+    """speculators' default drafters (every layer sliding_attention; causal, or bidirectional with is_causal: false)
+    run in the reference engine: greedy output equals plain greedy, and the window changes the drafts."""
+    root, model = tiny
+    folder = tmp_path / kind
+    make_tiny_drafter(folder, model, kind=kind, target_layer_ids=[0, 1], block_size=4, layout="flat")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(layer_types=["sliding_attention"], sliding_window=3, use_sliding_window=True, is_causal=causal)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    sliding = ReferenceEngine(model, folder, eos_token_id=[])
+    assert [(a.sliding_window, a.causal) for a in sliding.drafter.config.layer_attention] == [(3, causal)]
+    base = sliding.run(PROMPTS, num_speculative_tokens=None, max_new_tokens=30)
+    spec = sliding.run(PROMPTS, num_speculative_tokens=4, max_new_tokens=30)
+    assert spec.outputs == base.outputs
+    _check_counters(spec, 4)
+    cfg.update(layer_types=["full_attention"], is_causal=None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    full = ReferenceEngine(model, folder, eos_token_id=[])
+    prompt, anchor = PROMPTS[2], torch.tensor([PROMPTS[2][-1]])
+    with torch.no_grad():
+        drafts = []
+        for engine in (sliding, full):
+            d = engine.drafter
+            out = model(input_ids=torch.tensor([prompt[:-1]]), output_hidden_states=True)
+            ctx = d.context_kv(target_features(out.hidden_states, d.config.target_layer_ids),
+                               torch.arange(len(prompt) - 1).unsqueeze(0))
+            ids, pos, first = d.block_query(anchor, 4, torch.tensor([len(prompt) - 1]))
+            drafts.append(d.base_logits(d.backbone(ids, pos, ctx)))
+    assert not torch.allclose(drafts[0], drafts[1], atol=1e-4), "the sliding window should change the draft logits"

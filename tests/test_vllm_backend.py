@@ -576,3 +576,161 @@ def test_server_backend_errors(servers):
     base.close()
     with pytest.raises(EngineUnavailableError, match="Cannot reach the vLLM server"):
         VllmServerBackend(f"http://127.0.0.1:{port}").run([[1]], num_speculative_tokens=5, max_new_tokens=2)
+
+
+# ---- vllm_checks helpers (no vLLM needed) ------------------------------------------------------------------------
+
+
+def test_vllm_said_unwraps_pydantic_errors():
+    """vLLM's configs are pydantic dataclasses: the report keeps vLLM's sentence, not pydantic's wrapping."""
+    from pydantic import field_validator
+    from pydantic.dataclasses import dataclass as pdataclass
+
+    from dsparkhub.verify.vllm_checks import vllm_said
+
+    @pdataclass
+    class SpeculativeConfig:
+        num_speculative_tokens: int
+        method: str = "dspark"
+
+        @field_validator("method")
+        @classmethod
+        def _method(cls, value):
+            if value == "dspark":
+                raise ValueError("Model Runner V1 does not support: dspark speculative decoding")
+            return value
+
+    with pytest.raises(ValueError) as info:
+        SpeculativeConfig(num_speculative_tokens=None, method="eagle3")
+    assert vllm_said(info.value) == \
+        "SpeculativeConfig.num_speculative_tokens: Input should be a valid integer (found None)"
+    with pytest.raises(ValueError) as info:
+        SpeculativeConfig(num_speculative_tokens=3, method="dspark")
+    assert vllm_said(info.value) == "Model Runner V1 does not support: dspark speculative decoding"
+    assert vllm_said(KeyError("x")) == "KeyError: 'x'"
+    assert vllm_said(ValueError("Model architectures ['X'] are not supported for now. Supported architectures: "
+                                "dict_keys(['A', 'B'])")) == \
+        "ValueError: Model architectures ['X'] are not supported for now."
+
+
+@pytest.mark.parametrize("arch, method, ok", [
+    ("Qwen3DSparkModel", "dspark", True), ("DSparkDraftModel", "dspark", True), ("DFlashDraftModel", "dspark", False),
+    ("DFlashDraftModel", "dflash", True), ("DFlash2DraftModel", "dflash", True), ("Eagle3LlamaForCausalLM", "dflash",
+                                                                                 False),
+    ("Eagle3LlamaForCausalLM", "eagle3", True), ("Eagle3Qwen3ForCausalLM", "eagle3", True),
+    ("Qwen3DSparkModel", "eagle3", False),
+])
+def test_architecture_serves_method(arch, method, ok):
+    from dsparkhub.verify.vllm_checks import serves_method
+
+    assert serves_method(arch, method) is ok
+
+
+@pytest.mark.parametrize("config, n", [
+    ({"block_size": 7}, 7), ({"dspark_block_size": 5}, 5), ({"dflash_config": {"block_size": 16}}, 16),
+    ({"speculators_config": {"proposal_methods": [{"speculative_tokens": 3}]}}, 3),
+    ({"speculators_config": {"proposal_methods": [{}]}}, None), ({}, None),
+])
+def test_default_num_speculative_tokens(config, n):
+    from dsparkhub.verify.vllm_checks import default_num_speculative_tokens
+
+    assert default_num_speculative_tokens(config) == n
+
+
+def test_vllm_check_without_n_names_the_missing_key(tmp_path):
+    """No -n and no block size / speculative_tokens: one clear error before any vLLM child starts."""
+    from click.testing import CliRunner
+
+    from dsparkhub.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3",
+                                                      "speculators_config": {"proposal_methods": [{}]}}))
+    result = CliRunner().invoke(main, ["vllm-check", str(tmp_path), "--target", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "names no number of speculative tokens" in result.output and "-n" in result.output
+
+
+# A vLLM 0.32 engine-core failure as it reaches the child's log (vllm/logger.py prefixes every line of a record;
+# the multiprocessing wrapper adds the process name): the root cause is the first exception of the chain.
+_CORE_LOG = """\
+(EngineCore pid=4242) INFO 12-01 22:50:00 [core.py:101] Initializing a V1 LLM engine (v0.32.0) with config: ...
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] EngineCore failed to start.
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] Traceback (most recent call last):
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510]   File "/vllm/v1/attention/backends/cpu_attn.py", line 330, in __init__
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510]     raise ValueError(msg)
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] ValueError: Head size 16 is not supported by the CPU attention
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] backend; supported head sizes: [32, 64, 80, 96, 112, 128, 256].
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510]
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] The above exception was the direct cause of the following exception:
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510]
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] Traceback (most recent call last):
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510]   File "/vllm/v1/engine/core.py", line 1500, in run_engine_core
+(EngineCore pid=4242) ERROR 12-01 22:50:01 [core.py:1510] RuntimeError: Worker failed to initialize the model
+(MainProcess pid=4200) INFO 12-01 22:50:02 [loggers.py:200] Engine 000: Avg prompt throughput: 0.0 tokens/s, \
+Avg generation throughput: 0.0 tokens/s, Running: 0 reqs
+"""
+
+
+# vLLM 0.32 on CPU with a head_dim-16 target (trimmed from a real child log): the worker fails inside the attention
+# kernel, the engine core reports "Worker failed with error ...", a stats dump sits between them.
+_WORKER_LOG = """\
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063] WorkerProc hit an exception.
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063] Traceback (most recent call last):
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063]   File "/vllm/_custom_ops.py", line 3177, in cpu_attention_with_kv_cache
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063]     return self._op(*args, **kwargs)
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0
+(Worker pid=25132) ERROR 12-01 22:58:24 [multiproc_executor.py:1063]
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [dump_input.py:81] Dumping scheduler stats: SchedulerStats(num_running_reqs=1, \
+spec_decoding_stats=None, kv_connector_stats=None, ec_connector_stats=None, waiting_lora_adapters={}, perf_stats=None)
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [core.py:1512] EngineCore encountered a fatal error.
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [core.py:1512] Traceback (most recent call last):
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [core.py:1512]   File "/vllm/v1/executor/multiproc_executor.py", line 444, in get_response
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [core.py:1512]     raise RuntimeError(
+(EngineCore pid=24979) ERROR 12-01 22:58:24 [core.py:1512] RuntimeError: Worker failed with error 'Unsupported CPU \
+attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the stack trace above for the root cause
+"""
+
+
+def test_root_cause_from_log_prefers_the_worker_traceback():
+    from dsparkhub.verify.vllm_backend import root_cause_from_log
+
+    cause = "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
+    assert root_cause_from_log(_WORKER_LOG) == cause
+    # another process's line right after the exception is not part of its message
+    packed = "\n".join(ln for ln in _WORKER_LOG.splitlines() if not ln.endswith("[multiproc_executor.py:1063]"))
+    assert root_cause_from_log(packed) == cause
+
+
+def test_cpu_attention_refusal_quotes_the_root_cause_not_a_stats_line(tmp_path, fake_vllm, drafter):
+    env = dict(fake_vllm, FAKE_STDERR=_WORKER_LOG.rstrip("\n"),
+               FAKE_REFUSE="EngineCore encountered an issue. See stack trace (above) for the root cause.")
+    with pytest.raises(EngineUnavailableError) as info:
+        VllmBackend(tmp_path, drafter, env=env, timeout_s=60).run([[1]], num_speculative_tokens=3, max_new_tokens=4)
+    text = str(info.value)
+    assert 'refused to start the dflash drafter: "RuntimeError: Unsupported CPU attention configuration: ' \
+           'head_dim=16 isa=2 kv_cache_idx=0"' in text
+    assert "head_dim" in text.split("Why:")[1] and "--backend reference" in text and "SchedulerStats" not in text
+
+
+def test_root_cause_from_log_takes_the_first_exception_of_the_core_traceback():
+    from dsparkhub.verify.vllm_backend import root_cause_from_log
+
+    assert root_cause_from_log(_CORE_LOG) == (
+        "ValueError: Head size 16 is not supported by the CPU attention backend; supported head sizes: "
+        "[32, 64, 80, 96, 112, 128, 256].")
+    assert root_cause_from_log("[rank0]: (EngineCore pid=1) ERROR 12-01 10:00:00 [core.py:1] EngineCore failed to "
+                               "start.\n[rank0]: (EngineCore pid=1) KeyError: 'x'\n") == "KeyError: 'x'"
+    assert root_cause_from_log("INFO all fine\nValueError: not after a core failure\n") is None
+
+
+def test_engine_core_failure_names_the_root_cause(tmp_path, fake_vllm, drafter):
+    """The parent only sees "Engine core initialization failed. See root cause above": the error leads with the
+    engine core's own exception, read from the child's log, not with a stats line."""
+    env = dict(fake_vllm, FAKE_STDERR=_CORE_LOG.rstrip("\n"),
+               FAKE_REFUSE="Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    with pytest.raises(VerifyError) as info:
+        VllmBackend(tmp_path, drafter, env=env, timeout_s=60).run([[1]], num_speculative_tokens=3, max_new_tokens=4)
+    first = str(info.value).splitlines()[0]
+    assert "failed while starting the engine: ValueError: Head size 16 is not supported by the CPU attention" in first
+    assert "(root cause, from vLLM's engine-core traceback; the parent saw ValueError: Engine core" in first
+    assert "throughput" not in first

@@ -107,8 +107,29 @@ def tiny(tmp_path_factory):
     broken = {k: v for k, v in dspark.items()
               if k not in ("markov_head.markov_w2.weight", "layers.1.self_attn.k_proj.weight")}
     _save(root / "dspark-broken", dspark_cfg, broken)
-    return {"root": root, "target": root / "target", "dflash": root / "dflash",
-            "dspark": root / "dspark-not-dflash", "broken": root / "dspark-broken", "dspark_tensors": dspark}
+    # speculators' default EAGLE-3 (Llama layer over [embed ; fc(aux)], norm_before_fc: input_norm over 3 x H)
+    layer = {k: v for k, v in _qwen3_layer("layers.0", gen).items() if "q_norm" not in k and "k_norm" not in k}
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        w = layer[f"layers.0.self_attn.{proj}.weight"]
+        layer[f"layers.0.self_attn.{proj}.weight"] = torch.cat([w, w], dim=1)  # input 2H
+    eagle3 = {**layer, "layers.0.hidden_norm.weight": torch.ones(HIDDEN), "input_norm.weight": torch.ones(3 * HIDDEN),
+              "fc.weight": torch.randn(HIDDEN, 3 * HIDDEN, generator=gen) * 0.05, "norm.weight": torch.ones(HIDDEN),
+              "lm_head.weight": torch.randn(VOCAB, HIDDEN, generator=gen) * 0.05}
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": VOCAB, "hidden_size": HIDDEN,
+             "intermediate_size": INTER, "num_hidden_layers": 1, "num_attention_heads": HEADS,
+             "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "max_position_embeddings": 1024,
+             "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False}
+    _save(root / "eagle3", {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "transformer_layer_config": llama,
+        "draft_vocab_size": VOCAB, "norm_before_residual": False, "norm_before_fc": True, "target_hidden_size": HIDDEN,
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                               "verifier": {"name_or_path": str(root / "target"),
+                                            "architectures": ["Qwen3ForCausalLM"]}}}, eagle3)
+    return {"root": root, "target": root / "target", "dflash": root / "dflash", "eagle3": root / "eagle3",
+            "eagle3_tensors": eagle3, "dspark": root / "dspark-not-dflash", "broken": root / "dspark-broken",
+            "dspark_tensors": dspark}
 
 
 # ------------------------------------------------------------------------------------------------- DFlash
@@ -330,3 +351,37 @@ def test_dspark_backend_refuses_with_one_paragraph(tiny):
     assert '"Model Runner V1 does not support: dspark speculative decoding"' in text
     assert "\n" not in text.split("\nHint:")[0] and "GPU node" in text and "--backend reference" in text
     assert backend._child is None
+
+
+# ------------------------------------------------------------------------------------- DFlash / EAGLE-3 checks
+
+
+def test_dflash_checks_use_the_dflash_method(tiny):
+    """A DFlash drafter is checked as DFlash (DFlashQwen3ForCausalLM), not reported as DSparkDraftModel."""
+    report = check_with_vllm(tiny["dflash"], tiny["target"], env=ENV)
+    config, load, engine = report.stages
+    assert report.ok and report.method == "dflash", json.dumps(report.to_dict(), indent=1)
+    assert config.details["architectures"] == ["DFlashDraftModel"] and config.details["method"] == "dflash"
+    assert "accepted the drafter as DFlashDraftModel (method dflash" in config.message
+    assert load.details["class"] == "DFlashQwen3ForCausalLM" and load.details["missing"] == []
+    assert sorted(load.details["borrowed_from_target"]) == ["lm_head.weight", "model.embed_tokens.weight"]
+    assert engine.status == "passed"  # vLLM's V1 runner serves DFlash on CPU
+
+
+def test_eagle3_checks_via_cli_without_n(tiny, monkeypatch):
+    """speculators' EAGLE-3, no -n: vLLM's own Eagle3LlamaForCausalLM loads it at the config's speculative_tokens."""
+    from click.testing import CliRunner
+
+    from dsparkhub.cli import main
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    result = CliRunner().invoke(main, ["vllm-check", str(tiny["eagle3"]), "--target", str(tiny["target"]), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    config, load, engine = report["stages"]
+    assert report["method"] == "eagle3" and report["num_speculative_tokens"] == 3
+    assert config["status"] == "passed" and config["details"]["architectures"] == ["Eagle3LlamaForCausalLM"]
+    assert load["status"] == "passed" and load["details"]["class"] == "Eagle3LlamaForCausalLM"
+    assert load["details"]["compared_bit_exact"] == len(tiny["eagle3_tensors"])
+    assert load["details"]["borrowed_from_target"] == ["model.embed_tokens.weight"]
+    assert engine["status"] == "passed"

