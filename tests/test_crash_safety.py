@@ -144,8 +144,10 @@ def test_convert_killed_at_every_write_step(models, tmp_path):
 
 @pytest.mark.slow
 def test_attach_killed_at_every_write_step(models, tmp_path):
+    # --force: the toy drafter is a Qwen3 one (DSH311 against a V4 target); this test is about the writes
     _kill_everywhere(models, tmp_path, lambda out: ["convert", str(models["attach_run"]), "--attach",
-                                                    str(models["v4"]), "--out", str(out), "--max-shard-size", SHARD],
+                                                    str(models["v4"]), "--out", str(out), "--max-shard-size", SHARD,
+                                                    "--force"],
                      validate_out=False, label="attach")
 
 
