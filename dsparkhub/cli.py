@@ -485,7 +485,10 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
                              raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
     except VerifyArgumentError as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
-    draft = results.drafter.id  # a DeepSpec run folder was measured through its step_latest
+    if Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
+        from .checkpoint import resolve_step_dir
+
+        draft = resolve_step_dir(draft)
     click.echo(f"{results.method} drafter {draft} on {results.engine.backend} ({results.engine.version}, "
                f"{results.engine.device}); batch 1, temperature {temperature}, max {max_new_tokens} new tokens")
     click.echo(format_summary_table(results))
@@ -532,7 +535,8 @@ def _print_push(report) -> None:
         remote = _fmt_bytes(f.remote_size) if f.remote_size is not None else "-"
         click.echo(f"  {f.action:<9} {f.path:<{width}} {local:>10} {remote:>10}")
     counts = ", ".join(f"{len(plan.by_action(a))} {word}" for a, word in
-                       (("add", "added"), ("change", "changed"), ("delete", "deleted"), ("unchanged", "unchanged")))
+                       (("add", "added"), ("change", "changed"), ("delete", "deleted"), ("unchanged", "unchanged"),
+                        ("keep", "kept on the Hub")))
     click.echo(f"  {counts}; {_fmt_bytes(plan.bytes_to_send)} to send at most")
     if report.validation is not None:
         v = report.validation
@@ -546,6 +550,8 @@ def _print_push(report) -> None:
     elif report.committed:
         click.echo(f"bytes uploaded: {report.bytes_uploaded} ({_fmt_bytes(report.bytes_uploaded)})")
         click.echo(f"commit: {report.commit_url}")
+        if report.pr_url:
+            click.echo(f"pull request: {report.pr_url}")
         click.echo(f"remote check: {report.remote_check} (sizes and hashes of the pushed files match)")
     else:
         click.echo("unchanged: the Hub already holds these files; no commit made, 0 bytes uploaded")
@@ -561,14 +567,29 @@ def _print_push(report) -> None:
 @click.option("--endpoint", help="Hub URL (default HF_ENDPOINT or https://huggingface.co).")
 @click.option("--target", help="Target to validate against (folder or Hub repo id).")
 @click.option("--expect-head", help="Refuse unless the branch head is still this commit (the one --dry-run showed).")
+@click.option("--token", help="Hub token with write access (default HF_TOKEN or `hf auth login`).")
+@click.option("--include", multiple=True, help="Push only files matching this pattern (fnmatch; repeatable), as "
+              "`hf upload --include`.")
+@click.option("--exclude", multiple=True, help="Do not push files matching this pattern (repeatable).")
+@click.option("--delete", multiple=True, help="Delete files on the Hub that the folder lacks and that match this "
+              "pattern (repeatable; default: keep them, as `hf upload`). README.md goes only when named exactly.")
+@click.option("--commit-message", help="Commit summary (default: the counts of added / changed / deleted files).")
+@click.option("--commit-description", help="Text put before dsparkhub's own commit description.")
+@click.option("--create-pr", is_flag=True, help="Open a pull request against main instead of committing to it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the push report as JSON.")
 @handle_errors
-def push(draft, repo_id, revision, private, dry_run, force, endpoint, target, expect_head, as_json) -> None:
-    """Push a drafter folder to the Hub as one commit (token from HF_TOKEN or `hf auth login`)."""
+def push(draft, repo_id, revision, private, dry_run, force, endpoint, target, expect_head, token, include, exclude,
+         delete, commit_message, commit_description, create_pr, as_json) -> None:
+    """Push a drafter folder to the Hub as one commit, as `hf upload` does (files on the Hub that the folder lacks
+    are kept unless --delete), after validation and a check of the card's serve commands."""
     from .hub import push as push_folder
 
+    if create_pr and revision not in (None, "main"):
+        raise click.UsageError("--create-pr opens a pull request against main; drop --revision")
     report = push_folder(draft, repo_id, revision=revision, private=private, dry_run=dry_run, force=force,
-                         endpoint=endpoint, target=target, expect_head=expect_head)
+                         endpoint=endpoint, target=target, expect_head=expect_head, token=token,
+                         include=list(include), exclude=list(exclude), delete=list(delete),
+                         commit_message=commit_message, commit_description=commit_description, create_pr=create_pr)
     if as_json:
         click.echo(_redact(json.dumps(report.to_dict(), indent=2, default=str)))
     else:
@@ -693,7 +714,9 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     click.echo(format_summary_table(results))
     click.echo(f"wrote {results_path}")
     click.echo("== 6/7 model card from the results")
-    card_out = write_card(drafter, [results_path], repo_id="dsparkhub-example/qwen3-tiny-dspark")
+    # the example target lives only on this machine: the card names it by the id the local Hub below would give it
+    card_out = write_card(drafter, [results_path], repo_id="dsparkhub-example/qwen3-tiny-dspark",
+                          base_model="dsparkhub-example/qwen3-tiny")
     for p in card_out.plots:
         click.echo(f"wrote {p}")
     click.echo("== 7/7 push")

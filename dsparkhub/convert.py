@@ -355,10 +355,24 @@ def _pickle_origin_files(folder: Path) -> list[Path]:
     return [p for p in [folder / "config.json", *(folder / n for n in pickle_weight_files(folder))] if p.exists()]
 
 
+def _target_record(t: TargetSpec, base_model: str | None) -> dict:
+    """Provenance of the target: Hub id (``base_model``, else :func:`dsparkhub.target.target_repo_id`), and for a
+    local folder its name, ``config.json`` sha256 and header fingerprint (no local path)."""
+    from .target import target_repo_id
+    from .verify.results import target_fingerprint
+
+    repo, how = (base_model, "--base-model") if base_model else target_repo_id(t)
+    folder = Path(t.source) if t.local else None
+    return {"source": repo or (folder.resolve().name if folder is not None else t.source), "repo_id": repo,
+            "repo_id_from": how if repo else None, "name": folder.resolve().name if folder is not None else None,
+            "config_sha256": sha256_file(folder / "config.json") if folder is not None else None,
+            "header_fingerprint": target_fingerprint(folder) if folder is not None else None}
+
+
 def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
             layout: str | None = None, overwrite: bool = False, force: bool = False, keep_embeddings: bool = False,
             max_shard_bytes: int | None = None, plan: ConversionPlan | None = None,
-            pickle_origin: str | Path | None = None) -> ConversionResult:
+            pickle_origin: str | Path | None = None, base_model: str | None = None) -> ConversionResult:
     """Convert ``src`` into ``out`` (see the module docstring for the rules).
 
     Args:
@@ -371,6 +385,8 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         pickle_origin: the folder the user named when ``src`` is the temporary safetensors copy of its pickle
             weights (``--allow-pickle``, :func:`dsparkhub.checkpoint.pickle_as_safetensors`): provenance then
             records that folder and the sha256 of its own pickle files, not the temporary copy.
+        base_model: the target's Hub repo id, recorded in provenance (``target.repo_id``) and used by the card;
+            default: found by :func:`dsparkhub.target.target_repo_id` (config ``_name_or_path``, manifests).
 
     Returns:
         :class:`ConversionResult`.
@@ -429,14 +445,12 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         provenance = {
             "tool": "dsparkhub", "version": __version__, "command": "convert",
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "source": {"path": str((origin or Path(d.checkpoint.path)).resolve()), "layout": d.recipe.name,
+            # a release is pushed with this file: local folders are named by their own name plus hashes (and the
+            # target by its Hub id), never by an absolute path on this machine
+            "source": {"name": (origin or Path(d.checkpoint.path)).resolve().name, "layout": d.recipe.name,
                        "files": {Path(p).name: h for p, h in src_hashes.items()},
                        **({"read_with": "torch.load(weights_only=True)"} if origin else {})},
-            "target": None if plan.target is None else {
-                "source": plan.target.source,
-                "path": str(Path(plan.target.source).resolve()) if plan.target.local else None,
-                "config_sha256": sha256_file(Path(plan.target.source) / "config.json") if plan.target.local
-                else None},
+            "target": None if plan.target is None else _target_record(plan.target, base_model),
             "layout": plan.recipe.name,
             "options": plan.options,
             "tensors": {"written": len(plan.copies),

@@ -224,7 +224,8 @@ def parse_dataset_specs(specs: str | list[str] | tuple[str, ...] | None) -> list
 
 
 def read_spec(spec: str) -> tuple[list[PromptRecord], str]:
-    """Read the records a spec points at; returns (records, source string for the results file)."""
+    """Read the records a spec points at; returns (records, source string for the results file: the spec for
+    ``builtin:`` / ``hub:``, the file name and the first 16 hex digits of its sha256 for a local file)."""
     if spec.startswith("builtin:"):
         return read_jsonl(builtin_path(spec.split(":", 1)[1]), source=spec), spec
     if spec.startswith("hub:"):
@@ -232,7 +233,11 @@ def read_spec(spec: str) -> tuple[list[PromptRecord], str]:
         repo = spec[4:].split(":", 1)[0]
         source = f"hub:{repo}:{filename}"
         return read_jsonl(local, source=source), source
-    return read_jsonl(spec), str(spec)
+    from ..hashing import sha256_file
+
+    records = read_jsonl(spec)
+    # a local file is recorded by its name and content hash: results and cards never publish local paths
+    return records, f"{Path(spec).name} (sha256 {sha256_file(spec)[:16]})"
 
 
 # ---- tokenizing -------------------------------------------------------------------------------------------------
@@ -316,6 +321,7 @@ def load_datasets(specs, target: str | Path | None, *, max_prompts: int | None =
             try:
                 prompts.append(tokenize(rec, tokenizer))
             except PromptFileError as exc:
-                raise PromptFileError(f"{source}: {exc.message}", hint=exc.hint) from None
+                shown = source if spec.startswith(("builtin:", "hub:")) else spec  # errors name the local path
+                raise PromptFileError(f"{shown}: {exc.message}", hint=exc.hint) from None
         out.append(Dataset(name=name, source=source, prompts=prompts, texts=[r.text for r in records]))
     return out

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 from ..errors import (CheckpointFormatError, DsparkhubError, EngineUnavailableError, ValidationFailedError,
                       VerifyError)
 from ..hashing import checkpoint_fingerprint
+from ..target import public_name
 from .results import METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results, target_fingerprint
 from .stats import Backend, RunStats
 
@@ -334,8 +335,10 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
 
     results = build_results(
         engine=info, method=method,
-        target=ModelRef(id=target, fingerprint=target_fingerprint(target)),
-        drafter=ModelRef(id=draft, fingerprint=checkpoint_fingerprint(draft) if Path(draft).is_dir() else None),
+        # local folders are named by Hub id (target) or folder name plus fingerprint, never by local path
+        target=ModelRef(id=public_name(target), fingerprint=target_fingerprint(target)),
+        drafter=ModelRef(id=Path(draft).resolve().name if Path(draft).is_dir() else draft,
+                         fingerprint=checkpoint_fingerprint(draft) if Path(draft).is_dir() else None),
         settings=Settings(temperature=float(temperature), max_new_tokens=max_new_tokens, seed=seed,
                           num_speculative_tokens=ns, tensor_parallel_size=tensor_parallel_size,
                           max_model_len=max_model_len, compilation_config=compilation_config,
