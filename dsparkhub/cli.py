@@ -243,9 +243,11 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--symlink", "link", flag_value="symlink", help="With --attach: symlink the target's files.")
 @click.option("--copy", "link", flag_value="copy", help="With --attach: copy the target's files.")
 @click.option("--allow-pickle", is_flag=True, help=_ALLOW_PICKLE_HELP)
+@click.option("--base-model", help="The target's Hub repo id, recorded in provenance for the card (default: the "
+              "target's config `_name_or_path`, or the manifest its headers match).")
 @handle_errors
 def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max_shard_size, dry_run, as_json,
-            draft_vocab, draft_vocab_from, declare_block_layout, attach_to, link, allow_pickle):
+            draft_vocab, draft_vocab_from, declare_block_layout, attach_to, link, allow_pickle, base_model):
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
     from .convert import convert as run_convert, plan_conversion
 
@@ -273,7 +275,7 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
         click.echo("dry run: nothing written")
         return
     result = run_convert(src, out, target, overwrite=overwrite, max_shard_bytes=max_shard_size, plan=plan,
-                         pickle_origin=named if src != named else None)
+                         pickle_origin=named if src != named else None, base_model=base_model)
     if as_json:
         echo_json({"out": str(result.out), "files": result.files, "provenance": result.provenance})
         return
@@ -463,11 +465,12 @@ def _json_dict(ctx, param, value: str | None) -> dict | None:
               help="Base URL of a `vllm serve` of the same target without a drafter (--backend vllm-serve).")
 @click.option("--confidence-threshold", type=click.FloatRange(0.0, 1.0),
               help="Truncate drafts where the cumulative confidence drops below this (reference engine).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing results file --out.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @handle_errors
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
            device, tp, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
-           quiet) -> None:
+           overwrite, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses."""
     from .verify.results import format_summary_table
@@ -481,7 +484,8 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
                              max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, max_prompts=max_prompts,
                              method=method, device=device, tensor_parallel_size=tp, max_model_len=max_model_len,
                              compilation_config=compilation_config, confidence_threshold=confidence_threshold,
-                             server_url=server_url, baseline_url=baseline_url, out=out, progress=not quiet,
+                             server_url=server_url, baseline_url=baseline_url, out=out, overwrite=overwrite,
+                             progress=not quiet,
                              raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
     except VerifyArgumentError as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
@@ -710,6 +714,7 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     results_path = out / "results.json"
     results = run_verify(drafter, ex.target, backend="reference", num_speculative_tokens=(3, 5, 7),
                          datasets=[f"heldout={ex.prompts}"], max_new_tokens=max_new_tokens, out=results_path,
+                         overwrite=True,
                          progress=not quiet)
     click.echo(format_summary_table(results))
     click.echo(f"wrote {results_path}")

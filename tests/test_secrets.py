@@ -125,7 +125,8 @@ def test_token_never_printed_or_written_by_any_command(models, tmp_path, monkeyp
                        debug=debug)
             rec.invoke(["verify", out, "--target", target, "-n", "2", "--datasets", prompts, "--max-new-tokens",
                         "6", "--out", results, "--quiet"], expect=0, debug=debug)
-            rec.invoke(["card", out, "--results", results, "--repo-id", "alice/tiny"], expect=0, debug=debug)
+            rec.invoke(["card", out, "--results", results, "--repo-id", "alice/tiny", "--base-model", "alice/base"],
+                       expect=0, debug=debug)
             rec.invoke(["push", out, "--repo", "alice/tiny", "--dry-run", "--endpoint", hub.url], expect=0,
                        debug=debug)
             rec.invoke(["push", out, "--repo", "alice/tiny", "--endpoint", hub.url, "--target", target], expect=0,
