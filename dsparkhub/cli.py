@@ -1,7 +1,7 @@
 """The ``dsparkhub`` command line: one click group, an error -> message table, exit codes.
 
 Exit codes: 0 ok; 1 when the command could not do its job (bad input, validation errors, lossless broken, engine
-refused); 2 for usage errors (click's own). ``--debug`` or ``DSPARKHUB_DEBUG=1`` shows tracebacks.
+refused); 2 for usage errors (click's own); 130 when interrupted with Ctrl-C. ``--debug`` or ``DSPARKHUB_DEBUG=1`` shows tracebacks.
 
 Only this module prints. Each command parses its options, calls one library function and renders its result.
 """
@@ -40,12 +40,18 @@ def _redact(text: str) -> str:
 
 
 def handle_errors(fn):
-    """Turn dsparkhub's own errors (and OS errors on the user's files) into one paragraph and exit code 1."""
+    """Turn dsparkhub's own errors (and OS errors on the user's files) into one paragraph and exit code 1; Ctrl-C
+    into exit code 130."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            # shells expect 128 + SIGINT; click would turn this into "Aborted!" and exit 1. Outputs are written
+            # through temporary files and renames, so nothing half-written is left under the final names.
+            click.echo("\ninterrupted (Ctrl-C): nothing half-written was left in place", err=True)
+            sys.exit(130)
         except BrokenPipeError:
             # the reader of our stdout left (`dsparkhub inspect X | head`): stop quietly, as the Python docs advise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -144,6 +150,23 @@ class _ByteSize(click.ParamType):
         return n
 
 
+def _layout_name(param, value: str | None) -> str | None:
+    """A ``converters/`` recipe name, or a usage error (exit 2) that lists the known ones."""
+    from .recipes import load_recipes
+
+    if value is None:
+        return None
+    names = [r.name for r in load_recipes()]
+    if value not in names:
+        import difflib
+
+        close = difflib.get_close_matches(value, names, n=2)
+        raise click.BadParameter(f"unknown layout {value!r}" + (f" (did you mean {' or '.join(close)}?)" if close
+                                                                  else "") + f"; known: {', '.join(names)}",
+                                 param=param)
+    return value
+
+
 _ALLOW_PICKLE_HELP = ("When the only weights are .bin / .pt / .pth pickle files, read them with "
                       "torch.load(weights_only=True) (never a full unpickle) into a temporary safetensors copy.")
 
@@ -221,7 +244,8 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.argument("src", type=click.Path())
 @click.option("--target", help="Target: local HF folder, Hub repo id or manifest name (required unless --attach).")
 @click.option("--out", "out", required=True, type=click.Path(), help="Output folder (must not exist).")
-@click.option("--to", "to", default="vllm", show_default=True, help="Output layout (a converters/ recipe name).")
+@click.option("--to", "to", default="vllm", show_default=True, callback=lambda ctx, param, v: _layout_name(param, v),
+              help="Output layout (a converters/ recipe name).")
 @click.option("--layout", help="Force the source layout instead of detecting it.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder (atomically).")
 @click.option("--force", is_flag=True, help="Convert even when validation against the target finds errors.")
@@ -254,6 +278,9 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
     named, src = src, _pickle_source(src, allow_pickle)
 
     if attach_to:
+        if dry_run:
+            raise click.UsageError("--dry-run plans standalone conversions; --attach has no dry run (it writes OUT "
+                                   "from hard links, which is cheap: write it and `dsparkhub detach` to inspect)")
         if draft_vocab:
             raise click.UsageError("--draft-vocab is for standalone outputs: an attached V4 drafter shares the "
                                    "target's LM head")
@@ -268,6 +295,9 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
                            declare_block_layout=declare_block_layout, draft_vocab=draft_vocab,
                            draft_vocab_from=list(draft_vocab_from))
     if dry_run:
+        from .convert import check_output
+
+        check_output(out, plan, src=src, overwrite=overwrite, pickle_origin=named if src != named else None)
         if as_json:
             echo_json(plan.to_dict())
             return
@@ -380,7 +410,7 @@ def manifests_show(name: str, as_json: bool) -> None:
     """Show one manifest, with the provenance of each value."""
     import yaml
 
-    from .manifests import get_manifest
+    from .manifests import get_manifest, unshipped_citations
 
     m = get_manifest(name)
     data = m.to_dict()
@@ -391,8 +421,15 @@ def manifests_show(name: str, as_json: bool) -> None:
     facts = data.pop("facts", {})
     click.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=116).rstrip())
     click.echo("provenance:")
+    unshipped: set[str] = set()
     for k, f in facts.items():
-        click.echo(f"  {k}: {'verified' if f['verified'] else 'NOT verified'} — {f['source']}")
+        cites = unshipped_citations(f["source"])
+        unshipped.update(cites)
+        click.echo(f"  {k}: {'verified' if f['verified'] else 'NOT verified'} — {f['source']}"
+                   + (" [*]" if cites else ""))
+    if unshipped:
+        click.echo(f"  [*] cites the project's working notes ({', '.join(sorted(unshipped))}), which are not in "
+                   "this repository: a value resting on them alone cannot be checked from here")
 
 
 @main.command()
@@ -407,6 +444,8 @@ def skeleton(manifest: str, out: str, tiny: bool, with_drafter: bool, overwrite:
     from .skeleton import write_skeleton
 
     r = write_skeleton(manifest, out, tiny=tiny, with_drafter=with_drafter, overwrite=overwrite)
+    if r.manifest and r.manifest != manifest and not r.manifest.startswith(manifest):
+        click.echo(f"note: {manifest} is a release; wrote its target {r.manifest}", err=True)
     click.echo(f"wrote {r.out}: {r.num_tensors} tensors in {len(r.files)} shard(s), {_fmt_bytes(r.logical_bytes)} "
                f"logical, {_fmt_bytes(r.disk_bytes)} on disk" + (" (sparse)" if r.sparse else ""))
 

@@ -355,6 +355,22 @@ def _pickle_origin_files(folder: Path) -> list[Path]:
     return [p for p in [folder / "config.json", *(folder / n for n in pickle_weight_files(folder))] if p.exists()]
 
 
+def check_output(out: str | Path, plan: ConversionPlan, *, src: str | Path, overwrite: bool = False,
+                 pickle_origin: str | Path | None = None) -> None:
+    """The output checks :func:`convert` makes before writing, for ``--dry-run`` to make too (a dry run that passes
+    is a run the real command accepts).
+
+    Raises:
+        OutputExistsError: ``out`` exists and ``overwrite`` is False, or ``out`` is, holds or lies in the source or
+            target folder (:func:`dsparkhub.writer.refuse_overlap`).
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
+    refuse_overlap(out, {"drafter": src, "drafter step": plan.draft.checkpoint.path, "pickle source": pickle_origin,
+                         "target": plan.target.source if plan.target is not None and plan.target.local else None})
+
+
 def _target_record(t: TargetSpec, base_model: str | None) -> dict:
     """Provenance of the target: Hub id (``base_model``, else :func:`dsparkhub.target.target_repo_id`), and for a
     local folder its name, ``config.json`` sha256 and header fingerprint (no local path)."""
@@ -401,8 +417,7 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
     plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings)
     d = plan.draft
-    refuse_overlap(out, {"drafter": src, "drafter step": d.checkpoint.path, "pickle source": pickle_origin,
-                         "target": plan.target.source if plan.target is not None and plan.target.local else None})
+    check_output(out, plan, src=src, overwrite=overwrite, pickle_origin=pickle_origin)
     # the source files are hashed (for provenance) on a second core while the tensors are copied
     hasher = ThreadPoolExecutor(max_workers=1)
     origin = resolve_step_dir(pickle_origin) if pickle_origin is not None else None

@@ -114,7 +114,8 @@ def test_token_never_printed_or_written_by_any_command(models, tmp_path, monkeyp
             rec.invoke(["inspect", run, "--json"], expect=0, debug=debug)
             rec.invoke(["validate", run, "--target", target], expect=0, debug=debug)
             rec.invoke(["validate", run, "--target", target, "--json"], expect=0, debug=debug)
-            rec.invoke(["convert", run, "--target", target, "--out", out, "--dry-run"], expect=0, debug=debug)
+            rec.invoke(["convert", run, "--target", target, "--out", out, "--dry-run", "--overwrite"], expect=0,
+                       debug=debug)
             rec.invoke(["convert", run, "--target", target, "--out", out, "--overwrite"], expect=0, debug=debug)
             rec.invoke(["convert", models["attach_run"], "--attach", v4, "--out", attached, "--overwrite"],
                        expect=0, debug=debug)
@@ -124,7 +125,7 @@ def test_token_never_printed_or_written_by_any_command(models, tmp_path, monkeyp
             rec.invoke(["skeleton", "qwen3-8b", "--tiny", "--out", tmp_path / "skeleton", "--overwrite"], expect=0,
                        debug=debug)
             rec.invoke(["verify", out, "--target", target, "-n", "2", "--datasets", prompts, "--max-new-tokens",
-                        "6", "--out", results, "--quiet"], expect=0, debug=debug)
+                        "6", "--out", results, "--quiet", "--overwrite"], expect=0, debug=debug)
             rec.invoke(["card", out, "--results", results, "--repo-id", "alice/tiny", "--base-model", "alice/base"],
                        expect=0, debug=debug)
             rec.invoke(["push", out, "--repo", "alice/tiny", "--dry-run", "--endpoint", hub.url], expect=0,
