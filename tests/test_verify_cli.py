@@ -507,3 +507,20 @@ def test_argument_errors_are_usage_errors(setup, tmp_path, cli_fake):
         res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--datasets", str(prompts),
                                         "-n", "2", "--quiet", *extra])
         assert res.exit_code == 2 and "Usage" in res.output and "_ArgError" not in res.output, res.output
+
+
+def test_vllm_dspark_on_cpu_is_refused_before_the_baseline(setup, tmp_path, monkeypatch):
+    from dsparkhub.errors import EngineUnavailableError
+
+    draft, target, prompts = setup
+    monkeypatch.setattr(runner, "_cuda_available", lambda: False)
+    built = []
+    monkeypatch.setattr(runner, "make_backend", lambda name, **kw: built.append(name) or FakeBackend())
+    with pytest.raises(EngineUnavailableError, match="V2 GPU model runner") as err:
+        runner.run_verify(draft, target, backend="vllm", datasets=[str(prompts)], progress=False,
+                          validate_fn=no_validate, num_speculative_tokens=[2], out=tmp_path / "r.json")
+    assert built == [] and "--backend reference" in str(err.value) and not (tmp_path / "r.json").exists()
+    monkeypatch.setattr(runner, "_cuda_available", lambda: True)  # on a GPU node the engine decides
+    runner.run_verify(draft, target, backend="vllm", datasets=[str(prompts)], progress=False,
+                      validate_fn=no_validate, num_speculative_tokens=[2])
+    assert built == ["vllm"]

@@ -299,6 +299,8 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
                                   hint="give a path in an existing (or new) folder")
     if out is not None:
         check_results_path(out, overwrite=overwrite)
+    if backend == "vllm":
+        refuse_dspark_without_gpu(method)
     noted: list[str] = []  # stored in the results file as `warnings`, and passed on to `warn`
 
     def note(line: str) -> None:
@@ -355,6 +357,32 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     if raise_on_mismatch and results.lossless is False:
         raise results.lossless_error()
     return results
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def refuse_dspark_without_gpu(method: str | None) -> None:
+    """Refuse ``--backend vllm`` for a DSpark drafter on a machine without a CUDA GPU before anything runs.
+
+    vLLM 0.32 implements DSpark only in its V2 GPU model runner (``config/vllm.py`` refuses it under the V1 runner,
+    which is the only one the CPU build has), so the engine would refuse at the first drafter run, after the whole
+    baseline had been generated. DFlash / EAGLE-3 are left to vLLM.
+
+    Raises:
+        EngineUnavailableError: ``method`` is ``dspark`` and torch sees no CUDA device; the message is the same
+            paragraph (what, why, what to do) vLLM's own refusal gets.
+    """
+    if method != "dspark" or _cuda_available():
+        return
+    from .vllm_backend import refusal_paragraph
+
+    raise EngineUnavailableError(refusal_paragraph(
+        "Model Runner V1 does not support DSpark (no CUDA device here; refused before the baseline ran)",
+        method=method, what="vLLM on this machine"))
 
 
 def check_results_path(out: str | Path, *, overwrite: bool = False) -> None:
