@@ -271,7 +271,7 @@ def plot_acceptance(res: VerifyResults, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
     for row in res.summary:
         if row.mean_per_position_acceptance:
             xs = list(range(1, len(row.mean_per_position_acceptance) + 1))
@@ -280,7 +280,7 @@ def plot_acceptance(res: VerifyResults, path: Path) -> Path:
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (mean over datasets)")
     ax.set_ylim(-0.03, 1.05)
-    ax.set_title(f"Per-position acceptance ({_engine_label(res)})", fontsize=10)
+    ax.set_title(_plot_title("Per-position acceptance", res), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -296,11 +296,13 @@ def plot_speedup(res: VerifyResults, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
+    top = 1.0
     for ds in res.datasets:
         pts = [(r.num_speculative_tokens, r.speedup) for r in ds.runs if r.speedup is not None]
         if pts:
             ax.plot(*zip(*pts), marker="o", label=ds.name)
+            top = max([top] + [p[1] for p in pts])
     mean = [(r.num_speculative_tokens, r.mean_speedup) for r in res.summary if r.mean_speedup is not None]
     if mean:
         ax.plot(*zip(*mean), marker="s", color="black", linestyle="--", label="mean")
@@ -308,13 +310,25 @@ def plot_speedup(res: VerifyResults, path: Path) -> Path:
     ax.set_xticks(res.settings.num_speculative_tokens)
     ax.set_xlabel("num_speculative_tokens")
     ax.set_ylabel("speedup vs target alone" + (" (CPU reference engine)" if _is_reference(res) else ""))
-    ax.set_title(f"Speedup ({_engine_label(res)})", fontsize=10)
+    ax.set_ylim(0, top * 1.1)  # from 0: a truncated axis makes a 1.1x look like a 3x
+    ax.set_title(_plot_title("Speedup", res), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)
     return path
+
+
+#: plot size in inches and resolution: 1350 x 825 pixels, legible on a Hub model page
+PLOT_SIZE, PLOT_DPI = (9, 5.5), 150
+
+
+def _plot_title(what: str, res: VerifyResults) -> str:
+    """Two lines: what is plotted for which drafter and target, then the engine and the datasets."""
+    datasets = ", ".join(ds.name for ds in res.datasets)
+    return (f"{what}: {METHOD_LABELS.get(res.method, res.method)} drafter {public_text(res.drafter.id)} "
+            f"on {public_text(res.target.id)}\n{_engine_label(res)}; datasets: {datasets}")
 
 
 def _is_reference(res: VerifyResults) -> bool:

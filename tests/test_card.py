@@ -227,8 +227,24 @@ def test_plots_are_png(tmp_path):
     for p in out.plots:
         assert p.read_bytes()[:8] == PNG_MAGIC
         img = mpimg.imread(p)
-        assert img.shape[0] == 400 and img.shape[1] == 600 and img.std() > 0.01  # not a blank canvas
+        assert img.shape[0] == 825 and img.shape[1] == 1350 and img.std() > 0.01  # not a blank canvas
     assert not list(draft.glob(".dsparkhub-card-*"))
+
+
+def test_plots_name_drafter_target_and_datasets_and_speedup_starts_at_zero(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
+    draft = make_drafter(tmp_path / "my-drafter")
+    write_card(draft, [make_results(draft, tmp_path / "r.json")], repo_id="org/d")
+    (acc,), (speed,) = (f.axes for f in figures)
+    for ax in (acc, speed):
+        title = ax.get_title()
+        assert "DSpark drafter my-drafter on Qwen/Qwen3-8B" in title and "datasets: gsm-mini, code" in title
+    assert speed.get_ylim()[0] == 0 and speed.get_ylim()[1] > max(
+        y for line in speed.get_lines() for y in line.get_ydata())
 
 
 # ---- refusals ---------------------------------------------------------------------------------------------------
