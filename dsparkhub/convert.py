@@ -378,7 +378,7 @@ def _target_record(t: TargetSpec, base_model: str | None) -> dict:
     from .verify.results import target_fingerprint
 
     repo, how = (base_model, "--base-model") if base_model else target_repo_id(t)
-    folder = Path(t.source) if t.local else None
+    folder = Path(t.checkpoint.path) if t.local else None  # a Hub id read from the HF cache is local too
     return {"source": repo or (folder.resolve().name if folder is not None else t.source), "repo_id": repo,
             "repo_id_from": how if repo else None, "name": folder.resolve().name if folder is not None else None,
             "config_sha256": sha256_file(folder / "config.json") if folder is not None else None,

@@ -90,6 +90,22 @@ def target_from_checkpoint(ckpt: Checkpoint, source: str) -> TargetSpec:
                       cfg["vocab_size"], embed, head, tied)
 
 
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """In huggingface_hub offline mode, the HF-cache snapshot of ``repo_id`` (``snapshot_download`` with
+    ``local_files_only=True``, which reads refs and files only from the cache) when it holds a ``config.json``;
+    None online (the Hub is read instead, headers only) or when nothing usable is cached."""
+    from huggingface_hub import is_offline_mode, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    if not is_offline_mode():
+        return None
+    try:
+        folder = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
+        return None
+    return folder if (folder / "config.json").is_file() else None
+
+
 def open_target(source: str | Path, *, endpoint: str | None = None, token: str | None = None) -> TargetSpec:
     """Open a target from a local HF folder or a Hub repo id, reading config and headers only.
 
@@ -101,7 +117,8 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
 
     Raises:
         CheckpointNotFoundError: neither a local folder nor a repo id.
-        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub``).
+        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub``). With
+            ``HF_HUB_OFFLINE=1`` a repo id is read from the HF cache when it was downloaded before.
         CheckpointFormatError / IncompatibleTargetError: malformed config or headers.
     """
     source = str(source)
@@ -129,6 +146,9 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
         from .hub import remote_checkpoint
 
         repo, _, revision = source.partition("@")
+        cached = _cached_snapshot(repo, revision or None)
+        if cached is not None:  # HF_HUB_OFFLINE=1 and the target was downloaded before: read the HF cache
+            return target_from_checkpoint(open_checkpoint(cached, lazy=True), source)
         try:
             return target_from_checkpoint(remote_checkpoint(repo, revision=revision or None, endpoint=endpoint,
                                                             token=token), source)
@@ -195,6 +215,8 @@ def target_repo_id(source: str | Path | TargetSpec) -> tuple[str | None, str]:
             return (m.repo_id, f"manifest {m.name}") if isinstance(m, TargetManifest) else (None, "release")
         repo = text.partition("@")[0]
         return (repo, "Hub repo id") if _hub_id_like(repo) else (None, f"{text!r} is not a Hub repo id")
+    if spec is not None and not Path(text).exists() and _hub_id_like(text.partition("@")[0]):
+        return text.partition("@")[0], "Hub repo id"  # e.g. read from the HF cache offline
     if spec is not None and spec.manifest and not spec.local:
         from .manifests import get_manifest
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -67,3 +69,26 @@ def test_manifests_show_says_which_citations_are_not_in_the_repository():
     assert res.exit_code == 0
     assert "vocab_size: verified — FORMATS §7, not marked unverified there [*]" in res.output
     assert "which are not in this repository" in res.output
+
+
+def test_offline_a_hub_target_in_the_hf_cache_is_read_from_the_cache(models, tmp_path):
+    """HF_HUB_OFFLINE=1 (set for every test): a target downloaded before is read from the HF cache, as
+    huggingface_hub's local_files_only reads do, instead of being refused with "unset HF_HUB_OFFLINE"."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    run, target = models
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = Path(constants.HF_HUB_CACHE) / "models--org--tiny-target"
+    shutil.copytree(target, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    try:
+        res = CliRunner().invoke(main, ["validate", str(run), "--target", "org/tiny-target"])
+        assert res.exit_code == 0, res.output
+        assert "against org/tiny-target" in res.output and "HF_HUB_OFFLINE" not in res.output
+        res = CliRunner().invoke(main, ["validate", str(run), "--target", "org/not-cached"])
+        assert res.exit_code == 1 and "unset HF_HUB_OFFLINE" in res.output  # nothing cached: the hint stays
+    finally:
+        shutil.rmtree(repo)
