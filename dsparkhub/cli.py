@@ -8,6 +8,7 @@ Only this module prints. Each command parses its options, calls one library func
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -304,14 +305,38 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
         _print_plan(plan)
         click.echo("dry run: nothing written")
         return
-    result = run_convert(src, out, target, overwrite=overwrite, max_shard_bytes=max_shard_size, plan=plan,
-                         pickle_origin=named if src != named else None, base_model=base_model)
+    if not as_json:
+        _print_plan(plan)  # before writing: a long copy starts with what it will do
+    with _convert_bars() as progress:
+        result = run_convert(src, out, target, overwrite=overwrite, max_shard_bytes=max_shard_size, plan=plan,
+                             pickle_origin=named if src != named else None, base_model=base_model, progress=progress)
     if as_json:
         echo_json({"out": str(result.out), "files": result.files, "provenance": result.provenance})
         return
-    _print_plan(plan)
     index = ["model.safetensors.index.json"] if (Path(result.out) / "model.safetensors.index.json").exists() else []
     click.echo(f"wrote {result.out} ({', '.join([*result.files, *index])}, config.json, dsparkhub_provenance.json)")
+
+
+@contextlib.contextmanager
+def _convert_bars():
+    """tqdm bars on stderr for convert's phases, shown only for a phase that runs over 2 s (``delay``)."""
+    from tqdm import tqdm
+
+    bars: dict[str, tqdm] = {}
+    labels = {"write": ("writing shards", "B", True), "hash": ("hashing the source for provenance", "", False)}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase not in bars:
+            desc, unit, scale = labels.get(phase, (phase, "", False))
+            bars[phase] = tqdm(total=total, desc=desc, unit=unit, unit_scale=scale, file=sys.stderr, delay=2,
+                               leave=False)
+        bars[phase].update(done - bars[phase].n)
+
+    try:
+        yield progress
+    finally:
+        for bar in bars.values():
+            bar.close()
 
 
 def _print_plan(plan) -> None:

@@ -19,9 +19,12 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+import threading
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from . import __version__
 from .checkpoint import _expected_nbytes, pickle_weight_files, resolve_step_dir
@@ -355,6 +358,33 @@ def _pickle_origin_files(folder: Path) -> list[Path]:
     return [p for p in [folder / "config.json", *(folder / n for n in pickle_weight_files(folder))] if p.exists()]
 
 
+@contextmanager
+def _watch_bytes(folder: Path, total: int, progress: Callable[[str, int, int], None] | None, every_s: float = 0.2):
+    """While the body runs, report ``progress("write", bytes of *.safetensors in folder, total)`` from a thread (the
+    writer streams file to file and has no hook); a last call reports ``total`` when the body succeeded."""
+    if progress is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def poll():
+        last = -1
+        while not stop.wait(every_s):
+            done = min(total, sum(p.stat().st_size for p in folder.glob("*.safetensors") if p.is_file()))
+            if done > last:
+                progress("write", done, total)
+                last = done
+
+    thread = threading.Thread(target=poll, name="dsparkhub-convert-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    progress("write", total, total)
+
+
 def check_output(out: str | Path, plan: ConversionPlan, *, src: str | Path, overwrite: bool = False,
                  pickle_origin: str | Path | None = None) -> None:
     """The output checks :func:`convert` makes before writing, for ``--dry-run`` to make too (a dry run that passes
@@ -388,7 +418,8 @@ def _target_record(t: TargetSpec, base_model: str | None) -> dict:
 def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
             layout: str | None = None, overwrite: bool = False, force: bool = False, keep_embeddings: bool = False,
             max_shard_bytes: int | None = None, plan: ConversionPlan | None = None,
-            pickle_origin: str | Path | None = None, base_model: str | None = None) -> ConversionResult:
+            pickle_origin: str | Path | None = None, base_model: str | None = None,
+            progress: Callable[[str, int, int], None] | None = None) -> ConversionResult:
     """Convert ``src`` into ``out`` (see the module docstring for the rules).
 
     Args:
@@ -403,6 +434,9 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
             records that folder and the sha256 of its own pickle files, not the temporary copy.
         base_model: the target's Hub repo id, recorded in provenance (``target.repo_id``) and used by the card;
             default: found by :func:`dsparkhub.target.target_repo_id` (config ``_name_or_path``, manifests).
+        progress: called as ``progress(phase, done, total)``: ``"write"`` with bytes on disk of the planned total
+            (polled every 0.2 s while the shards are written), then ``"hash"`` with source files hashed (the
+            provenance hash, which runs beside the copy). The CLI draws bars on stderr from it.
 
     Returns:
         :class:`ConversionResult`.
@@ -452,10 +486,15 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     items += [(x.out_name, _expected_nbytes(*plan.computed[x.name][:2]), plan.computed[x.name][2])
               for x in plan.reduced]
     with atomic_output(out, overwrite=overwrite) as tmp:
-        files = write_shards(tmp, items, max_shard_bytes=max_shard_bytes)
+        with _watch_bytes(tmp, plan.out_bytes, progress):
+            files = write_shards(tmp, items, max_shard_bytes=max_shard_bytes)
         readers.clear()
         write_json(tmp / "config.json", plan.config)
+        if progress is not None:
+            progress("hash", 0, 1)
         src_hashes = src_future.result()
+        if progress is not None:
+            progress("hash", 1, 1)
         hasher.shutdown()
         provenance = {
             "tool": "dsparkhub", "version": __version__, "command": "convert",

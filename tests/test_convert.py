@@ -209,3 +209,12 @@ def test_provenance_names_folders_and_the_targets_hub_id_never_a_local_path(tmp_
     assert res.exit_code == 0, res.output
     prov = json.loads((tmp_path / "o2" / PROVENANCE_NAME).read_text())
     assert prov["target"]["repo_id"] == "org/other" and prov["target"]["repo_id_from"] == "--base-model"
+
+
+def test_convert_reports_progress_of_its_phases(tmp_path, run, target):
+    seen = []
+    result = convert(run, tmp_path / "out", target, progress=lambda *a: seen.append(a))
+    writes = [a for a in seen if a[0] == "write"]
+    assert writes and writes[-1] == ("write", result.plan.out_bytes, result.plan.out_bytes)
+    assert [d for _, d, _ in writes] == sorted(d for _, d, _ in writes)  # never backwards
+    assert seen[-2:] == [("hash", 0, 1), ("hash", 1, 1)]
