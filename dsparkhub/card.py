@@ -406,7 +406,8 @@ def _section(res: VerifyResults, plots: tuple[str, str]) -> dict[str, Any]:
         "drafter": ModelRef(public_text(res.drafter.id), res.drafter.fingerprint),
         "ns": ns, "positions": list(range(1, max_n + 1)),
         "rows": rows, "mean": mean, "change": change, "per_pos": per_pos, "details": details,
-        "datasets": [{"name": ds.name, "source": public_text(ds.source), "prompts": ds.baseline.prompts} for ds in res.datasets],
+        "datasets": [{"name": ds.name, "source": public_text(ds.source), "prompts": ds.baseline.prompts}
+                     for ds in res.datasets],
         "compilation_config": json.dumps(s.compilation_config) if s.compilation_config is not None else "default",
         "lossless": lossless, "warnings": [public_text(w) for w in res.warnings],
         "plot_acceptance": plots[0], "plot_speedup": plots[1],

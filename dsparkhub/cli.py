@@ -1,7 +1,8 @@
 """The ``dsparkhub`` command line: one click group, an error -> message table, exit codes.
 
 Exit codes: 0 ok; 1 when the command could not do its job (bad input, validation errors, lossless broken, engine
-refused); 2 for usage errors (click's own); 130 when interrupted with Ctrl-C. ``--debug`` or ``DSPARKHUB_DEBUG=1`` shows tracebacks.
+refused); 2 for usage errors (click's own); 130 when interrupted (Ctrl-C). ``--debug`` or ``DSPARKHUB_DEBUG=1`` shows
+tracebacks.
 
 Only this module prints. Each command parses its options, calls one library function and renders its result.
 """

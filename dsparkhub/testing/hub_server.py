@@ -19,8 +19,9 @@ plan and its commit). Faults are count-limited.
 Pull requests: a commit with ``create_pr=1`` opens ``refs/pr/N`` from its parent commit (the branch is left alone) and
 answers ``pullRequestUrl`` (``.../discussions/N``) as the Hub does; there is no discussion API.
 
-Deliberately not implemented: xet storage, multipart LFS uploads, discussions / PR merging, tags, datasets and spaces, pagination
-(one page), gated repos. Unknown routes answer 404 with a JSON error naming the route, so gaps show up loudly.
+Deliberately not implemented: xet storage, multipart LFS uploads, discussions / PR merging, tags, datasets and spaces,
+pagination (one page), gated repos. Unknown routes answer 404 with a JSON error naming the route, so gaps show up
+loudly.
 """
 
 from __future__ import annotations
