@@ -1,8 +1,9 @@
 """The only networked module: push a drafter folder to the Hub in one commit, and read a remote checkpoint's headers.
 
 Owns:
-  * :func:`push` — plan (local files vs the remote tree, compared by hash: sha256 for LFS files, git blob sha1 for
-    regular ones), then one ``create_commit`` whose ``parent_commit`` is the remote head read while planning, then a
+  * :func:`push` — ``hf upload`` semantics (``--include`` / ``--exclude``; remote files the folder lacks kept unless
+    ``--delete PATTERN``; ``--create-pr``); plan (local files vs the remote tree, compared by hash: sha256 for LFS
+    files, git blob sha1 for regular ones), then one ``create_commit`` whose ``parent_commit`` is the remote head read while planning, then a
     read-back of the remote tree. A dry run sends only GET / HEAD requests.
   * :func:`remote_checkpoint_headers` / :func:`remote_checkpoint` — a Hub checkpoint's ``config.json``, index and
     safetensors headers (HTTP range reads, huggingface_hub ``parse_safetensors_file_metadata``); never the weights.
