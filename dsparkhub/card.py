@@ -264,7 +264,7 @@ def serve_commands(res: VerifyResults, *, target: str, model: str) -> dict[str, 
 # ---- plots --------------------------------------------------------------------------------------------------------
 
 
-def plot_acceptance(res: VerifyResults, path: Path) -> Path:
+def plot_acceptance(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
     """PNG: mean per-position acceptance (unweighted over datasets) vs draft position, one line per n."""
     import matplotlib
 
@@ -280,7 +280,7 @@ def plot_acceptance(res: VerifyResults, path: Path) -> Path:
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (mean over datasets)")
     ax.set_ylim(-0.03, 1.05)
-    ax.set_title(_plot_title("Per-position acceptance", res), fontsize=10)
+    ax.set_title(_plot_title("Per-position acceptance", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -289,7 +289,7 @@ def plot_acceptance(res: VerifyResults, path: Path) -> Path:
     return path
 
 
-def plot_speedup(res: VerifyResults, path: Path) -> Path:
+def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
     """PNG: speedup vs num_speculative_tokens, one line per dataset plus the unweighted mean."""
     import matplotlib
 
@@ -311,7 +311,7 @@ def plot_speedup(res: VerifyResults, path: Path) -> Path:
     ax.set_xlabel("num_speculative_tokens")
     ax.set_ylabel("speedup vs target alone" + (" (CPU reference engine)" if _is_reference(res) else ""))
     ax.set_ylim(0, top * 1.1)  # from 0: a truncated axis makes a 1.1x look like a 3x
-    ax.set_title(_plot_title("Speedup", res), fontsize=10)
+    ax.set_title(_plot_title("Speedup", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -324,11 +324,12 @@ def plot_speedup(res: VerifyResults, path: Path) -> Path:
 PLOT_SIZE, PLOT_DPI = (9, 5.5), 150
 
 
-def _plot_title(what: str, res: VerifyResults) -> str:
-    """Two lines: what is plotted for which drafter and target, then the engine and the datasets."""
+def _plot_title(what: str, res: VerifyResults, target: str | None = None) -> str:
+    """Two lines: what is plotted for which drafter and target (``target``: the card's name for it, e.g. its Hub
+    id; default the results' ``target.id``), then the engine and the datasets."""
     datasets = ", ".join(ds.name for ds in res.datasets)
     return (f"{what}: {METHOD_LABELS.get(res.method, res.method)} drafter {public_text(res.drafter.id)} "
-            f"on {public_text(res.target.id)}\n{_engine_label(res)}; datasets: {datasets}")
+            f"on {target or public_text(res.target.id)}\n{_engine_label(res)}; datasets: {datasets}")
 
 
 def _is_reference(res: VerifyResults) -> bool:
@@ -632,7 +633,7 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
         for res, sec in zip(results, context["sections"]):
             for rel, plot in ((sec["plot_acceptance"], plot_acceptance), (sec["plot_speedup"], plot_speedup)):
                 tmp = staging / Path(rel).name
-                plot(res, tmp)
+                plot(res, tmp, target=context["target"])
                 written.append((tmp, draft / rel))
         readme_tmp = staging / "README.md"
         readme_tmp.write_text(text, encoding="utf-8")
