@@ -32,7 +32,8 @@ from . import __version__
 from .calibrate import card_context, plot_reliability
 from .errors import CheckpointNotFoundError, DsparkhubError, ResultsError
 from .hashing import checkpoint_fingerprint
-from .verify.results import VerifyResults
+from .target import target_repo_id
+from .verify.results import ModelRef, VerifyResults
 
 PROVENANCE_FILE = "dsparkhub_provenance.json"
 DEFAULT_TEMPLATE = "model_card.md.j2"
@@ -40,6 +41,22 @@ ASSETS_DIR = "assets"
 ENGINE_LABELS = {"vllm": "vLLM offline engine", "vllm-serve": "vLLM server"}
 METHOD_LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3"}
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: the namespace the serve commands name when the card is written without ``--repo-id`` (push refuses it)
+MODEL_PLACEHOLDER = "<your-namespace>"
+#: an absolute local path (``/x/y``, ``~/x``) inside free text; group 1 is its last component
+_ABS_PATH = re.compile(r"(?<![\w:/.~-])(?:~/|/)(?:[^\s/`'\"()\[\]<>]+/)*([^\s/`'\"()\[\]<>]+)/?")
+
+
+def public_text(obj: Any) -> Any:
+    """``obj`` (str, or dicts / lists of them) with every absolute local path reduced to its last component, so a
+    card never publishes where files lie on this machine (hashes next to names identify them)."""
+    if isinstance(obj, str):
+        return _ABS_PATH.sub(lambda m: m.group(1), obj)
+    if isinstance(obj, dict):
+        return {k: public_text(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [public_text(v) for v in obj]
+    return obj
 
 
 class CardError(DsparkhubError, ValueError):
@@ -80,6 +97,7 @@ def load_results_for(draft: str | Path, paths: list[str | Path]) -> list[VerifyR
                 f"has fingerprint {fingerprint}", path=p,
                 hint="re-run `dsparkhub verify` on this folder; a card only reports numbers measured on these exact "
                      "weights and config")
+        _check_possible(res, p)
         if res.lossless is False:
             hit = res.first_mismatch()
             where = f" (dataset {hit[0]!r}, num_speculative_tokens={hit[1].num_speculative_tokens})" if hit else ""
@@ -87,6 +105,50 @@ def load_results_for(draft: str | Path, paths: list[str | Path]) -> list[VerifyR
                                path=p, hint="fix the drafter / engine until `dsparkhub verify` passes")
         out.append(res)
     return out
+
+
+#: timing noise allowed before a batch-1 speedup above τ counts as impossible (wall clocks of two separate runs)
+SPEEDUP_NOISE = 0.05
+
+
+def _check_possible(res: VerifyResults, path: str | Path) -> None:
+    """Refuse numbers no run can produce, naming the file and the run.
+
+    With n draft tokens a verify step commits at most n + 1 tokens, so τ <= n + 1; at batch 1 each verify step costs
+    at least one target forward, so the speedup cannot exceed τ (beyond :data:`SPEEDUP_NOISE` of timing noise);
+    counts, rates and times are never negative and acceptance rates lie in [0, 1].
+
+    Raises:
+        ResultsError: the first impossible value, with its dataset and n.
+    """
+    problems = []
+    for ds in res.datasets:
+        b = ds.baseline
+        for key in ("prompts", "output_tokens", "wall_s", "tokens_per_s"):
+            if getattr(b, key) < 0:
+                problems.append(f"dataset {ds.name!r} baseline: {key} is {getattr(b, key)} (negative)")
+        for r in ds.runs:
+            where = f"dataset {ds.name!r}, num_speculative_tokens={r.num_speculative_tokens}"
+            n = r.num_speculative_tokens
+            if r.tau is not None and not 0 <= r.tau <= n + 1:
+                problems.append(f"{where}: τ is {r.tau}, but a verify step commits 1 to n + 1 = {n + 1} tokens")
+            for key in ("prompts", "output_tokens", "wall_s", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                        "tokens_per_s", "baseline_tokens_per_s", "speedup", "draft_tokens_per_step"):
+                v = getattr(r, key)
+                if v is not None and v < 0:
+                    problems.append(f"{where}: {key} is {v} (negative)")
+            if (any(not 0 <= v <= 1 for v in r.per_position_acceptance)
+                    or any(x < 0 for x in r.accepted_per_pos)):
+                problems.append(f"{where}: per-position acceptance {r.per_position_acceptance} leaves [0, 1]")
+            if (res.settings.batch_size == 1 and r.speedup is not None and r.tau is not None
+                    and r.speedup > r.tau * (1 + SPEEDUP_NOISE)):
+                problems.append(f"{where}: batch-1 speedup {r.speedup:.3f}x exceeds τ {r.tau:.3f}; each verify step "
+                                "costs at least one target forward, so the two runs were not timed alike")
+    if problems:
+        raise ResultsError("impossible results: " + "; ".join(problems[:6])
+                           + (f" (+{len(problems) - 6} more)" if len(problems) > 6 else ""), path=path,
+                           hint="these numbers were not measured by `dsparkhub verify` as written (edited, or "
+                                "from a broken engine); re-run verify")
 
 
 def read_provenance(draft: str | Path) -> dict | None:
@@ -203,14 +265,14 @@ def serve_commands(res: VerifyResults, *, target: str, model: str) -> dict[str, 
 # ---- plots --------------------------------------------------------------------------------------------------------
 
 
-def plot_acceptance(res: VerifyResults, path: Path) -> Path:
+def plot_acceptance(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
     """PNG: mean per-position acceptance (unweighted over datasets) vs draft position, one line per n."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
     for row in res.summary:
         if row.mean_per_position_acceptance:
             xs = list(range(1, len(row.mean_per_position_acceptance) + 1))
@@ -219,7 +281,7 @@ def plot_acceptance(res: VerifyResults, path: Path) -> Path:
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (mean over datasets)")
     ax.set_ylim(-0.03, 1.05)
-    ax.set_title(f"Per-position acceptance ({_engine_label(res)})", fontsize=10)
+    ax.set_title(_plot_title("Per-position acceptance", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -228,18 +290,20 @@ def plot_acceptance(res: VerifyResults, path: Path) -> Path:
     return path
 
 
-def plot_speedup(res: VerifyResults, path: Path) -> Path:
+def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
     """PNG: speedup vs num_speculative_tokens, one line per dataset plus the unweighted mean."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
+    top = 1.0
     for ds in res.datasets:
         pts = [(r.num_speculative_tokens, r.speedup) for r in ds.runs if r.speedup is not None]
         if pts:
             ax.plot(*zip(*pts), marker="o", label=ds.name)
+            top = max([top] + [p[1] for p in pts])
     mean = [(r.num_speculative_tokens, r.mean_speedup) for r in res.summary if r.mean_speedup is not None]
     if mean:
         ax.plot(*zip(*mean), marker="s", color="black", linestyle="--", label="mean")
@@ -247,13 +311,26 @@ def plot_speedup(res: VerifyResults, path: Path) -> Path:
     ax.set_xticks(res.settings.num_speculative_tokens)
     ax.set_xlabel("num_speculative_tokens")
     ax.set_ylabel("speedup vs target alone" + (" (CPU reference engine)" if _is_reference(res) else ""))
-    ax.set_title(f"Speedup ({_engine_label(res)})", fontsize=10)
+    ax.set_ylim(0, top * 1.1)  # from 0: a truncated axis makes a 1.1x look like a 3x
+    ax.set_title(_plot_title("Speedup", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)
     return path
+
+
+#: plot size in inches and resolution: 1350 x 825 pixels, legible on a Hub model page
+PLOT_SIZE, PLOT_DPI = (9, 5.5), 150
+
+
+def _plot_title(what: str, res: VerifyResults, target: str | None = None) -> str:
+    """Two lines: what is plotted for which drafter and target (``target``: the card's name for it, e.g. its Hub
+    id; default the results' ``target.id``), then the engine and the datasets."""
+    datasets = ", ".join(ds.name for ds in res.datasets)
+    return (f"{what}: {METHOD_LABELS.get(res.method, res.method)} drafter {public_text(res.drafter.id)} "
+            f"on {target or public_text(res.target.id)}\n{_engine_label(res)}; datasets: {datasets}")
 
 
 def _is_reference(res: VerifyResults) -> bool:
@@ -327,12 +404,14 @@ def _section(res: VerifyResults, plots: tuple[str, str]) -> dict[str, Any]:
         "reference": reference,
         "cpu_reference": reference and "cpu" in res.engine.device.lower(),
         "engine": res.engine, "settings": s, "date": res.date, "dsparkhub_version": res.dsparkhub_version,
-        "target": res.target, "drafter": res.drafter,
+        "target": ModelRef(public_text(res.target.id), res.target.fingerprint),
+        "drafter": ModelRef(public_text(res.drafter.id), res.drafter.fingerprint),
         "ns": ns, "positions": list(range(1, max_n + 1)),
         "rows": rows, "mean": mean, "change": change, "per_pos": per_pos, "details": details,
-        "datasets": [{"name": ds.name, "source": ds.source, "prompts": ds.baseline.prompts} for ds in res.datasets],
+        "datasets": [{"name": ds.name, "source": public_text(ds.source), "prompts": ds.baseline.prompts}
+                     for ds in res.datasets],
         "compilation_config": json.dumps(s.compilation_config) if s.compilation_config is not None else "default",
-        "lossless": lossless, "warnings": res.warnings,
+        "lossless": lossless, "warnings": [public_text(w) for w in res.warnings],
         "plot_acceptance": plots[0], "plot_speedup": plots[1],
     }
 
@@ -369,9 +448,10 @@ def _card_data(results: list[VerifyResults], *, name: str, base_model: str | Non
 
 
 def _provenance_target(provenance: dict | None) -> str | None:
-    """The target recorded by ``dsparkhub convert`` (``target.source``; older files: a plain string)."""
+    """The target recorded by ``dsparkhub convert``: ``target.repo_id``, else ``target.source`` (older files: a
+    plain string)."""
     t = (provenance or {}).get("target")
-    return t.get("source") if isinstance(t, dict) else t if isinstance(t, str) else None
+    return (t.get("repo_id") or t.get("source")) if isinstance(t, dict) else t if isinstance(t, str) else None
 
 
 def _provenance_facts(provenance: dict | None) -> list[tuple[str, str]]:
@@ -381,18 +461,19 @@ def _provenance_facts(provenance: dict | None) -> list[tuple[str, str]]:
     facts = []
     src = provenance.get("source")
     if isinstance(src, dict):
-        if src.get("path"):
-            facts.append(("Source checkpoint", f"`{src['path']}`" + (f" ({src['layout']} layout)"
+        if src.get("name") or src.get("path"):  # older provenance files: an absolute path, shown by its name
+            facts.append(("Source checkpoint", f"`{public_text(src.get('name') or src['path'])}`"
+                          + (f" ({src['layout']} layout)"
                                                                       if src.get("layout") else "")))
         if isinstance(src.get("files"), dict) and src["files"]:
             facts.append(("Source file hashes (sha256)",
                           ", ".join(f"`{k}` `{v}`" for k, v in sorted(src["files"].items()))))
     elif isinstance(src, str):
-        facts.append(("Source checkpoint", f"`{src}`"))
+        facts.append(("Source checkpoint", f"`{public_text(src)}`"))
     if provenance.get("layout"):
         facts.append(("Written layout", str(provenance["layout"])))
     if _provenance_target(provenance):
-        facts.append(("Converted against target", f"`{_provenance_target(provenance)}`"))
+        facts.append(("Converted against target", f"`{public_text(_provenance_target(provenance))}`"))
     if provenance.get("options"):
         facts.append(("Conversion options", f"`{json.dumps(provenance['options'], sort_keys=True)}`"))
     version = provenance.get("version") or provenance.get("dsparkhub_version")
@@ -427,11 +508,15 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
     if base_model is None:
         candidates = [_provenance_target(provenance)] + [r.target.id for r in results]
         base_model = next((c for c in candidates if isinstance(c, str) and _is_repo_id(c)), None)
+    if base_model is None:  # results of a local target written before results named it by Hub id
+        base_model = next((repo for r in results if Path(r.target.id).is_dir()
+                           for repo in [target_repo_id(r.target.id)[0]] if repo), None)
     name = repo_id or draft.resolve().name
     # Prefer a real engine's measurements for the serve command; the reference engine's best n is a hint only.
     serve_res = next((r for r in results if not _is_reference(r)), results[0])
-    target = base_model or serve_res.target.id
-    model = repo_id or str(draft)
+    target = base_model or public_text(serve_res.target.id)
+    # never a local path: without --repo-id the serve commands hold a placeholder that `push` refuses
+    model = repo_id or f"{MODEL_PLACEHOLDER}/{name}"
     plots = _plot_names(results)
     return {
         "card_data": _card_data(results, name=name, base_model=base_model, license=license, method=method),
@@ -442,9 +527,35 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
         "sections": [_section(r, p) for r, p in zip(results, plots)],
         "calibration": card_context(draft),
         "provenance": provenance, "provenance_facts": _provenance_facts(provenance),
-        "provenance_json": json.dumps(provenance, indent=2, sort_keys=True) if provenance else None,
+        "provenance_json": json.dumps(public_text(provenance), indent=2, sort_keys=True) if provenance else None,
         "dsparkhub_version": __version__,
     }
+
+
+# ---- checks before publishing -------------------------------------------------------------------------------------
+
+#: where a card names models in its serve commands: the speculative config's ``"model"`` (JSON and Python dict
+#: spellings), ``vllm serve TARGET`` and ``LLM(model=TARGET)``
+_SERVE_NAMES = (re.compile(r'"model"\s*:\s*"([^"]*)"'), re.compile(r"'model'\s*:\s*'([^']*)'"),
+                re.compile(r"\bvllm serve\s+([^\s\\]+)"), re.compile(r"\bmodel=(?:'([^']*)'|\"([^\"]*)\")"))
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+def serve_command_problems(text: str) -> list[str]:
+    """Models named in a card's serve commands that nobody else can load: each must be a Hub repo id
+    (``namespace/name``), not a placeholder (``drafter``, ``<your-namespace>/...``) or a local path (``/x``, ``./x``,
+    ``~/x``). Returns one line per offending name (empty when the card is fine or has no serve command)."""
+    found: dict[str, None] = {}
+    for pattern in _SERVE_NAMES:
+        for m in pattern.finditer(text):
+            found[next(g for g in m.groups() if g is not None)] = None
+    problems = []
+    for name in found:
+        if name.startswith(("/", "./", "../", "~")):
+            problems.append(f"{name!r} is a local path")
+        elif not _HUB_ID.match(name) or "--" in name or ".." in name:
+            problems.append(f"{name!r} is a placeholder, not a Hub repo id (namespace/name)")
+    return problems
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------------
@@ -525,7 +636,7 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
         for res, sec in zip(results, context["sections"]):
             for rel, plot in ((sec["plot_acceptance"], plot_acceptance), (sec["plot_speedup"], plot_speedup)):
                 tmp = staging / Path(rel).name
-                plot(res, tmp)
+                plot(res, tmp, target=context["target"])
                 written.append((tmp, draft / rel))
         calibration = context["calibration"]
         if calibration and not calibration["foreign"]:  # dsparkhub calibrate's sidecar: its reliability diagram

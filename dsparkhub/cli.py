@@ -1,13 +1,15 @@
 """The ``dsparkhub`` command line: one click group, an error -> message table, exit codes.
 
 Exit codes: 0 ok; 1 when the command could not do its job (bad input, validation errors, lossless broken, engine
-refused); 2 for usage errors (click's own). ``--debug`` or ``DSPARKHUB_DEBUG=1`` shows tracebacks.
+refused); 2 for usage errors (click's own); 130 when interrupted (Ctrl-C). ``--debug`` or ``DSPARKHUB_DEBUG=1`` shows
+tracebacks.
 
 Only this module prints. Each command parses its options, calls one library function and renders its result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -40,12 +42,18 @@ def _redact(text: str) -> str:
 
 
 def handle_errors(fn):
-    """Turn dsparkhub's own errors (and OS errors on the user's files) into one paragraph and exit code 1."""
+    """Turn dsparkhub's own errors (and OS errors on the user's files) into one paragraph and exit code 1; Ctrl-C
+    into exit code 130."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            # shells expect 128 + SIGINT; click would turn this into "Aborted!" and exit 1. Outputs are written
+            # through temporary files and renames, so nothing half-written is left under the final names.
+            click.echo("\ninterrupted (Ctrl-C): nothing half-written was left in place", err=True)
+            sys.exit(130)
         except BrokenPipeError:
             # the reader of our stdout left (`dsparkhub inspect X | head`): stop quietly, as the Python docs advise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -144,6 +152,23 @@ class _ByteSize(click.ParamType):
         return n
 
 
+def _layout_name(param, value: str | None) -> str | None:
+    """A ``converters/`` recipe name, or a usage error (exit 2) that lists the known ones."""
+    from .recipes import load_recipes
+
+    if value is None:
+        return None
+    names = [r.name for r in load_recipes()]
+    if value not in names:
+        import difflib
+
+        close = difflib.get_close_matches(value, names, n=2)
+        raise click.BadParameter(f"unknown layout {value!r}" + (f" (did you mean {' or '.join(close)}?)" if close
+                                                                  else "") + f"; known: {', '.join(names)}",
+                                 param=param)
+    return value
+
+
 _ALLOW_PICKLE_HELP = ("When the only weights are .bin / .pt / .pth pickle files, read them with "
                       "torch.load(weights_only=True) (never a full unpickle) into a temporary safetensors copy.")
 
@@ -227,7 +252,8 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.argument("src", type=click.Path())
 @click.option("--target", help="Target: local HF folder, Hub repo id or manifest name (required unless --attach).")
 @click.option("--out", "out", required=True, type=click.Path(), help="Output folder (must not exist).")
-@click.option("--to", "to", default="vllm", show_default=True, help="Output layout (a converters/ recipe name).")
+@click.option("--to", "to", default="vllm", show_default=True, callback=lambda ctx, param, v: _layout_name(param, v),
+              help="Output layout (a converters/ recipe name).")
 @click.option("--layout", help="Force the source layout instead of detecting it.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder (atomically).")
 @click.option("--force", is_flag=True, help="Convert even when validation against the target finds errors.")
@@ -251,16 +277,21 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--symlink", "link", flag_value="symlink", help="With --attach: symlink the target's files.")
 @click.option("--copy", "link", flag_value="copy", help="With --attach: copy the target's files.")
 @click.option("--allow-pickle", is_flag=True, help=_ALLOW_PICKLE_HELP)
+@click.option("--base-model", help="The target's Hub repo id, recorded in provenance for the card (default: the "
+              "target's config `_name_or_path`, or the manifest its headers match).")
 @handle_errors
 def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, allow_different_embeddings,
             max_shard_size, dry_run, as_json, draft_vocab, draft_vocab_from, declare_block_layout, attach_to, link,
-            allow_pickle):
+            allow_pickle, base_model):
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
     from .convert import convert as run_convert, plan_conversion
 
     named, src = src, _pickle_source(src, allow_pickle)
 
     if attach_to:
+        if dry_run:
+            raise click.UsageError("--dry-run plans standalone conversions; --attach has no dry run (it writes OUT "
+                                   "from hard links, which is cheap: write it and `dsparkhub detach` to inspect)")
         if draft_vocab:
             raise click.UsageError("--draft-vocab is for standalone outputs: an attached V4 drafter shares the "
                                    "target's LM head")
@@ -276,20 +307,47 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
                            draft_vocab_from=list(draft_vocab_from),
                            allow_different_embeddings=allow_different_embeddings)
     if dry_run:
+        from .convert import check_output
+
+        check_output(out, plan, src=src, overwrite=overwrite, pickle_origin=named if src != named else None)
         if as_json:
             echo_json(plan.to_dict())
             return
         _print_plan(plan)
         click.echo("dry run: nothing written")
         return
-    result = run_convert(src, out, target, overwrite=overwrite, max_shard_bytes=max_shard_size, plan=plan,
-                         pickle_origin=named if src != named else None)
+    if not as_json:
+        _print_plan(plan)  # before writing: a long copy starts with what it will do
+    with _convert_bars() as progress:
+        result = run_convert(src, out, target, overwrite=overwrite, max_shard_bytes=max_shard_size, plan=plan,
+                             pickle_origin=named if src != named else None, base_model=base_model, progress=progress)
     if as_json:
         echo_json({"out": str(result.out), "files": result.files, "provenance": result.provenance})
         return
-    _print_plan(plan)
     index = ["model.safetensors.index.json"] if (Path(result.out) / "model.safetensors.index.json").exists() else []
     click.echo(f"wrote {result.out} ({', '.join([*result.files, *index])}, config.json, dsparkhub_provenance.json)")
+
+
+@contextlib.contextmanager
+def _convert_bars():
+    """tqdm bars on stderr for convert's phases, shown only for a phase that runs over 2 s (``delay``)."""
+    from tqdm import tqdm
+
+    bars: dict[str, tqdm] = {}
+    labels = {"write": ("writing shards", "B", True), "hash": ("hashing the source for provenance", "", False)}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase not in bars:
+            desc, unit, scale = labels.get(phase, (phase, "", False))
+            bars[phase] = tqdm(total=total, desc=desc, unit=unit, unit_scale=scale, file=sys.stderr, delay=2,
+                               leave=False)
+        bars[phase].update(done - bars[phase].n)
+
+    try:
+        yield progress
+    finally:
+        for bar in bars.values():
+            bar.close()
 
 
 def _print_plan(plan) -> None:
@@ -388,7 +446,7 @@ def manifests_show(name: str, as_json: bool) -> None:
     """Show one manifest, with the provenance of each value."""
     import yaml
 
-    from .manifests import get_manifest
+    from .manifests import get_manifest, unshipped_citations
 
     m = get_manifest(name)
     data = m.to_dict()
@@ -399,8 +457,15 @@ def manifests_show(name: str, as_json: bool) -> None:
     facts = data.pop("facts", {})
     click.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=116).rstrip())
     click.echo("provenance:")
+    unshipped: set[str] = set()
     for k, f in facts.items():
-        click.echo(f"  {k}: {'verified' if f['verified'] else 'NOT verified'} — {f['source']}")
+        cites = unshipped_citations(f["source"])
+        unshipped.update(cites)
+        click.echo(f"  {k}: {'verified' if f['verified'] else 'NOT verified'} — {f['source']}"
+                   + (" [*]" if cites else ""))
+    if unshipped:
+        click.echo(f"  [*] cites the project's working notes ({', '.join(sorted(unshipped))}), which are not in "
+                   "this repository: a value resting on them alone cannot be checked from here")
 
 
 @main.command()
@@ -415,6 +480,8 @@ def skeleton(manifest: str, out: str, tiny: bool, with_drafter: bool, overwrite:
     from .skeleton import write_skeleton
 
     r = write_skeleton(manifest, out, tiny=tiny, with_drafter=with_drafter, overwrite=overwrite)
+    if r.manifest and r.manifest != manifest and not r.manifest.startswith(manifest):
+        click.echo(f"note: {manifest} is a release; wrote its target {r.manifest}", err=True)
     click.echo(f"wrote {r.out}: {r.num_tensors} tensors in {len(r.files)} shard(s), {_fmt_bytes(r.logical_bytes)} "
                f"logical, {_fmt_bytes(r.disk_bytes)} on disk" + (" (sparse)" if r.sparse else ""))
 
@@ -473,11 +540,12 @@ def _json_dict(ctx, param, value: str | None) -> dict | None:
               help="Base URL of a `vllm serve` of the same target without a drafter (--backend vllm-serve).")
 @click.option("--confidence-threshold", type=click.FloatRange(0.0, 1.0),
               help="Truncate drafts where the cumulative confidence drops below this (reference engine).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing results file --out.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @handle_errors
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
            device, tp, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
-           quiet) -> None:
+           overwrite, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses."""
     from .verify.results import format_summary_table
@@ -491,11 +559,15 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
                              max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, max_prompts=max_prompts,
                              method=method, device=device, tensor_parallel_size=tp, max_model_len=max_model_len,
                              compilation_config=compilation_config, confidence_threshold=confidence_threshold,
-                             server_url=server_url, baseline_url=baseline_url, out=out, progress=not quiet,
+                             server_url=server_url, baseline_url=baseline_url, out=out, overwrite=overwrite,
+                             progress=not quiet,
                              raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
     except VerifyArgumentError as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
-    draft = results.drafter.id  # a DeepSpec run folder was measured through its step_latest
+    if Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
+        from .checkpoint import resolve_step_dir
+
+        draft = resolve_step_dir(draft)
     click.echo(f"{results.method} drafter {draft} on {results.engine.backend} ({results.engine.version}, "
                f"{results.engine.device}); batch 1, temperature {temperature}, max {max_new_tokens} new tokens")
     click.echo(format_summary_table(results))
@@ -587,7 +659,8 @@ def _print_push(report) -> None:
         remote = _fmt_bytes(f.remote_size) if f.remote_size is not None else "-"
         click.echo(f"  {f.action:<9} {f.path:<{width}} {local:>10} {remote:>10}")
     counts = ", ".join(f"{len(plan.by_action(a))} {word}" for a, word in
-                       (("add", "added"), ("change", "changed"), ("delete", "deleted"), ("unchanged", "unchanged")))
+                       (("add", "added"), ("change", "changed"), ("delete", "deleted"), ("unchanged", "unchanged"),
+                        ("keep", "kept on the Hub")))
     click.echo(f"  {counts}; {_fmt_bytes(plan.bytes_to_send)} to send at most")
     if report.validation is not None:
         v = report.validation
@@ -601,6 +674,8 @@ def _print_push(report) -> None:
     elif report.committed:
         click.echo(f"bytes uploaded: {report.bytes_uploaded} ({_fmt_bytes(report.bytes_uploaded)})")
         click.echo(f"commit: {report.commit_url}")
+        if report.pr_url:
+            click.echo(f"pull request: {report.pr_url}")
         click.echo(f"remote check: {report.remote_check} (sizes and hashes of the pushed files match)")
     else:
         click.echo("unchanged: the Hub already holds these files; no commit made, 0 bytes uploaded")
@@ -616,14 +691,29 @@ def _print_push(report) -> None:
 @click.option("--endpoint", help="Hub URL (default HF_ENDPOINT or https://huggingface.co).")
 @click.option("--target", help="Target to validate against (folder or Hub repo id).")
 @click.option("--expect-head", help="Refuse unless the branch head is still this commit (the one --dry-run showed).")
+@click.option("--token", help="Hub token with write access (default HF_TOKEN or `hf auth login`).")
+@click.option("--include", multiple=True, help="Push only files matching this pattern (fnmatch; repeatable), as "
+              "`hf upload --include`.")
+@click.option("--exclude", multiple=True, help="Do not push files matching this pattern (repeatable).")
+@click.option("--delete", multiple=True, help="Delete files on the Hub that the folder lacks and that match this "
+              "pattern (repeatable; default: keep them, as `hf upload`). README.md goes only when named exactly.")
+@click.option("--commit-message", help="Commit summary (default: the counts of added / changed / deleted files).")
+@click.option("--commit-description", help="Text put before dsparkhub's own commit description.")
+@click.option("--create-pr", is_flag=True, help="Open a pull request against main instead of committing to it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the push report as JSON.")
 @handle_errors
-def push(draft, repo_id, revision, private, dry_run, force, endpoint, target, expect_head, as_json) -> None:
-    """Push a drafter folder to the Hub as one commit (token from HF_TOKEN or `hf auth login`)."""
+def push(draft, repo_id, revision, private, dry_run, force, endpoint, target, expect_head, token, include, exclude,
+         delete, commit_message, commit_description, create_pr, as_json) -> None:
+    """Push a drafter folder to the Hub as one commit, as `hf upload` does (files on the Hub that the folder lacks
+    are kept unless --delete), after validation and a check of the card's serve commands."""
     from .hub import push as push_folder
 
+    if create_pr and revision not in (None, "main"):
+        raise click.UsageError("--create-pr opens a pull request against main; drop --revision")
     report = push_folder(draft, repo_id, revision=revision, private=private, dry_run=dry_run, force=force,
-                         endpoint=endpoint, target=target, expect_head=expect_head)
+                         endpoint=endpoint, target=target, expect_head=expect_head, token=token,
+                         include=list(include), exclude=list(exclude), delete=list(delete),
+                         commit_message=commit_message, commit_description=commit_description, create_pr=create_pr)
     if as_json:
         click.echo(_redact(json.dumps(report.to_dict(), indent=2, default=str)))
     else:
@@ -754,11 +844,14 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     results_path = out / "results.json"
     results = run_verify(drafter, ex.target, backend="reference", num_speculative_tokens=(3, 5, 7),
                          datasets=[f"heldout={ex.prompts}"], max_new_tokens=max_new_tokens, out=results_path,
+                         overwrite=True,
                          progress=not quiet)
     click.echo(format_summary_table(results))
     click.echo(f"wrote {results_path}")
     click.echo("== 6/7 model card from the results")
-    card_out = write_card(drafter, [results_path], repo_id="dsparkhub-example/qwen3-tiny-dspark")
+    # the example target lives only on this machine: the card names it by the id the local Hub below would give it
+    card_out = write_card(drafter, [results_path], repo_id="dsparkhub-example/qwen3-tiny-dspark",
+                          base_model="dsparkhub-example/qwen3-tiny")
     for p in card_out.plots:
         click.echo(f"wrote {p}")
     click.echo("== 7/7 push")

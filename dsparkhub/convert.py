@@ -21,9 +21,12 @@ import datetime as _dt
 import os
 import re
 import shutil
+import threading
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from . import __version__
 from .checkpoint import _expected_nbytes, pickle_weight_files, resolve_step_dir
@@ -449,10 +452,69 @@ def _pickle_origin_files(folder: Path) -> list[Path]:
     return [p for p in [folder / "config.json", *(folder / n for n in pickle_weight_files(folder))] if p.exists()]
 
 
+@contextmanager
+def _watch_bytes(folder: Path, total: int, progress: Callable[[str, int, int], None] | None, every_s: float = 0.2):
+    """While the body runs, report ``progress("write", bytes of *.safetensors in folder, total)`` from a thread (the
+    writer streams file to file and has no hook); a last call reports ``total`` when the body succeeded."""
+    if progress is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def poll():
+        last = -1
+        while not stop.wait(every_s):
+            done = min(total, sum(p.stat().st_size for p in folder.glob("*.safetensors") if p.is_file()))
+            if done > last:
+                progress("write", done, total)
+                last = done
+
+    thread = threading.Thread(target=poll, name="dsparkhub-convert-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    progress("write", total, total)
+
+
+def check_output(out: str | Path, plan: ConversionPlan, *, src: str | Path, overwrite: bool = False,
+                 pickle_origin: str | Path | None = None) -> None:
+    """The output checks :func:`convert` makes before writing, for ``--dry-run`` to make too (a dry run that passes
+    is a run the real command accepts).
+
+    Raises:
+        OutputExistsError: ``out`` exists and ``overwrite`` is False, or ``out`` is, holds or lies in the source or
+            target folder (:func:`dsparkhub.writer.refuse_overlap`).
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
+    refuse_overlap(out, {"drafter": src, "drafter step": plan.draft.checkpoint.path, "pickle source": pickle_origin,
+                         "target": plan.target.source if plan.target is not None and plan.target.local else None})
+
+
+def _target_record(t: TargetSpec, base_model: str | None) -> dict:
+    """Provenance of the target: Hub id (``base_model``, else :func:`dsparkhub.target.target_repo_id`), and for a
+    local folder its name, ``config.json`` sha256 and header fingerprint (no local path)."""
+    from .target import target_repo_id
+    from .verify.results import target_fingerprint
+
+    repo, how = (base_model, "--base-model") if base_model else target_repo_id(t)
+    folder = Path(t.checkpoint.path) if t.local else None  # a Hub id read from the HF cache is local too
+    return {"source": repo or (folder.resolve().name if folder is not None else t.source), "repo_id": repo,
+            "repo_id_from": how if repo else None, "name": folder.resolve().name if folder is not None else None,
+            "config_sha256": sha256_file(folder / "config.json") if folder is not None else None,
+            "header_fingerprint": target_fingerprint(folder) if folder is not None else None}
+
+
 def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
             layout: str | None = None, overwrite: bool = False, force: bool = False, keep_embeddings: bool = False,
             max_shard_bytes: int | None = None, plan: ConversionPlan | None = None,
-            pickle_origin: str | Path | None = None, allow_different_embeddings: bool = False) -> ConversionResult:
+            pickle_origin: str | Path | None = None, allow_different_embeddings: bool = False,
+            base_model: str | None = None,
+            progress: Callable[[str, int, int], None] | None = None) -> ConversionResult:
     """Convert ``src`` into ``out`` (see the module docstring for the rules).
 
     Args:
@@ -465,6 +527,11 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         pickle_origin: the folder the user named when ``src`` is the temporary safetensors copy of its pickle
             weights (``--allow-pickle``, :func:`dsparkhub.checkpoint.pickle_as_safetensors`): provenance then
             records that folder and the sha256 of its own pickle files, not the temporary copy.
+        base_model: the target's Hub repo id, recorded in provenance (``target.repo_id``) and used by the card;
+            default: found by :func:`dsparkhub.target.target_repo_id` (config ``_name_or_path``, manifests).
+        progress: called as ``progress(phase, done, total)``: ``"write"`` with bytes on disk of the planned total
+            (polled every 0.2 s while the shards are written), then ``"hash"`` with source files hashed (the
+            provenance hash, which runs beside the copy). The CLI draws bars on stderr from it.
 
     Returns:
         :class:`ConversionResult`.
@@ -480,8 +547,7 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
                                    allow_different_embeddings=allow_different_embeddings)
     d = plan.draft
-    refuse_overlap(out, {"drafter": src, "drafter step": d.checkpoint.path, "pickle source": pickle_origin,
-                         "target": plan.target.source if plan.target is not None and plan.target.local else None})
+    check_output(out, plan, src=src, overwrite=overwrite, pickle_origin=pickle_origin)
     # the source files are hashed (for provenance) on a second core while the tensors are copied
     hasher = ThreadPoolExecutor(max_workers=1)
     origin = resolve_step_dir(pickle_origin) if pickle_origin is not None else None
@@ -516,25 +582,28 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     items += [(x.out_name, _expected_nbytes(*plan.computed[x.name][:2]), plan.computed[x.name][2])
               for x in plan.reduced]
     with atomic_output(out, overwrite=overwrite) as tmp:
-        files = write_shards(tmp, items, max_shard_bytes=max_shard_bytes)
+        with _watch_bytes(tmp, plan.out_bytes, progress):
+            files = write_shards(tmp, items, max_shard_bytes=max_shard_bytes)
         readers.clear()
         for name in plan.carried:
             shutil.copyfile(Path(d.checkpoint.path) / name, tmp / name)
         files += plan.carried
         write_json(tmp / "config.json", plan.config)
+        if progress is not None:
+            progress("hash", 0, 1)
         src_hashes = src_future.result()
+        if progress is not None:
+            progress("hash", 1, 1)
         hasher.shutdown()
         provenance = {
             "tool": "dsparkhub", "version": __version__, "command": "convert",
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "source": {"path": str((origin or Path(d.checkpoint.path)).resolve()), "layout": d.recipe.name,
+            # a release is pushed with this file: local folders are named by their own name plus hashes (and the
+            # target by its Hub id), never by an absolute path on this machine
+            "source": {"name": (origin or Path(d.checkpoint.path)).resolve().name, "layout": d.recipe.name,
                        "files": {Path(p).name: h for p, h in src_hashes.items()},
                        **({"read_with": "torch.load(weights_only=True)"} if origin else {})},
-            "target": None if plan.target is None else {
-                "source": plan.target.source,
-                "path": str(Path(plan.target.source).resolve()) if plan.target.local else None,
-                "config_sha256": sha256_file(Path(plan.target.source) / "config.json") if plan.target.local
-                else None},
+            "target": None if plan.target is None else _target_record(plan.target, base_model),
             "layout": plan.recipe.name,
             "options": plan.options,
             "tensors": {"written": len(plan.copies),

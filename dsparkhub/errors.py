@@ -108,3 +108,7 @@ class HubError(DsparkhubError, RuntimeError):
 
 class ManifestError(DsparkhubError, LookupError):
     """A manifest is unknown or does not match the manifest schema."""
+
+
+class OutputNotWritableError(DsparkhubError, PermissionError):
+    """An output path cannot be written (read-only folder, no permission), found before any work starts."""

@@ -1,8 +1,9 @@
 """The only networked module: push a drafter folder to the Hub in one commit, and read a remote checkpoint's headers.
 
 Owns:
-  * :func:`push` — plan (local files vs the remote tree, compared by hash: sha256 for LFS files, git blob sha1 for
-    regular ones), then one ``create_commit`` whose ``parent_commit`` is the remote head read while planning, then a
+  * :func:`push` — ``hf upload`` semantics (``--include`` / ``--exclude``; remote files the folder lacks kept unless
+    ``--delete PATTERN``; ``--create-pr``); plan (local files vs the remote tree, compared by hash: sha256 for LFS
+    files, git blob sha1 for regular ones), then one ``create_commit`` whose ``parent_commit`` is the remote head read while planning, then a
     read-back of the remote tree. A dry run sends only GET / HEAD requests.
   * :func:`remote_checkpoint_headers` / :func:`remote_checkpoint` — a Hub checkpoint's ``config.json``, index and
     safetensors headers (HTTP range reads, huggingface_hub ``parse_safetensors_file_metadata``); never the weights.
@@ -38,7 +39,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.lfs import post_lfs_batch_info
-from huggingface_hub.utils import build_hf_headers
+from huggingface_hub.utils import build_hf_headers, filter_repo_objects
 
 from . import __version__
 from .checkpoint import INDEX_NAME, Checkpoint, TensorInfo, parse_header_bytes
@@ -56,6 +57,7 @@ from .secrets import redact
 PROVENANCE_FILE = "dsparkhub_provenance.json"
 #: remote files a push never deletes even when the local folder lacks them (the Hub creates it with the repo).
 NEVER_DELETE = frozenset({".gitattributes"})
+README = "README.md"
 TRAINING_LAYOUTS = ("deepspec",)  # written by training, read by dsparkhub, not loaded by vLLM
 #: local path components that are never pushed (caches, VCS, editor and OS litter).
 SKIP_PARTS = frozenset({".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints", ".DS_Store"})
@@ -73,7 +75,8 @@ class FilePlan:
 
     Attributes:
         path: path in the repo (POSIX, relative).
-        action: ``"add"`` (absent remotely), ``"change"`` (hash differs), ``"delete"`` (remote only) or
+        action: ``"add"`` (absent remotely), ``"change"`` (hash differs), ``"delete"`` (remote only, matched by a
+            delete pattern), ``"keep"`` (remote only, kept: as ``hf upload`` does without ``--delete``) or
             ``"unchanged"``.
         size: local size in bytes (None for ``delete``).
         remote_size: remote size in bytes (None for ``add``).
@@ -115,7 +118,7 @@ class PushPlan:
     @property
     def changes(self) -> list[FilePlan]:
         """Files the commit touches (added, changed, deleted)."""
-        return [f for f in self.files if f.action != "unchanged"]
+        return [f for f in self.files if f.action not in ("unchanged", "keep")]
 
     @property
     def bytes_to_send(self) -> int:
@@ -143,6 +146,7 @@ class PushReport:
         bytes_uploaded: bytes actually sent (regular files + LFS objects the Hub did not have); 0 for dry runs.
         remote_check: ``"ok"`` after a verified commit or an unchanged release, ``"skipped (dry run)"`` otherwise.
         notes: facts worth showing (e.g. ``--private`` ignored for an existing repo).
+        pr_url: the pull request the commit opened (``create_pr``), else None.
     """
 
     plan: PushPlan
@@ -154,6 +158,7 @@ class PushReport:
     bytes_uploaded: int = 0
     remote_check: str = "skipped (dry run)"
     notes: list[str] = field(default_factory=list)
+    pr_url: str | None = None
 
     @property
     def committed(self) -> bool:
@@ -162,7 +167,8 @@ class PushReport:
     def to_dict(self) -> dict:
         return {"plan": self.plan.to_dict(), "dry_run": self.dry_run, "validation": self.validation,
                 "forced": self.forced, "commit_oid": self.commit_oid, "commit_url": self.commit_url,
-                "bytes_uploaded": self.bytes_uploaded, "remote_check": self.remote_check, "notes": self.notes}
+                "bytes_uploaded": self.bytes_uploaded, "remote_check": self.remote_check, "notes": self.notes,
+                "pr_url": self.pr_url}
 
 
 # ---- small helpers --------------------------------------------------------------------------------------------
@@ -330,12 +336,13 @@ def _run_validation(draft_dir: Path, target: str | None, endpoint: str | None = 
 
 
 def _commit_text(plan: PushPlan, files: dict[str, Path], hashes: dict[str, str], provenance: dict | None,
-                 validation, forced: bool, fingerprint: str | None, redactor) -> tuple[str, str]:
+                 validation, forced: bool, fingerprint: str | None, redactor, message: str | None = None,
+                 description: str | None = None) -> tuple[str, str]:
     added, changed, deleted = (len(plan.by_action(a)) for a in ("add", "change", "delete"))
-    summary = f"dsparkhub push: {added} added, {changed} changed, {deleted} deleted"
+    summary = message or f"dsparkhub push: {added} added, {changed} changed, {deleted} deleted"
     if forced:
         summary += " (FORCED past validation errors)"
-    lines = [f"Pushed with dsparkhub {__version__}.", ""]
+    lines = ([description, ""] if description else []) + [f"Pushed with dsparkhub {__version__}.", ""]
     if fingerprint:
         lines.append(f"drafter fingerprint (sha256 of config + weights hashes): {fingerprint}")
     lines.append("files (sha256):")
@@ -385,9 +392,9 @@ def _same(local: Path, sha256: str, remote: RepoFile) -> bool:
 
 
 def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, RepoFile],
-          keep: set[str] = frozenset()) -> list[FilePlan]:
-    """What the commit does per file; remote files absent locally are deleted, except :data:`NEVER_DELETE` and
-    ``keep`` (files the folder holds but the push left out: never deleted on their account)."""
+          delete: set[str] = frozenset()) -> list[FilePlan]:
+    """What the commit does per file; remote files absent locally are deleted when in ``delete`` (see
+    :func:`_deletions`), else kept."""
     out = []
     for path, local in files.items():
         sha, size = hashes[str(local)], local.stat().st_size
@@ -398,9 +405,26 @@ def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, Repo
             action = "unchanged" if _same(local, sha, r) else "change"
             out.append(FilePlan(path, action, size, r.size, sha, r.lfs is not None))
     for path, r in remote.items():
-        if path not in files and path not in NEVER_DELETE and path not in keep:
-            out.append(FilePlan(path, "delete", None, r.size, None, r.lfs is not None))
+        if path not in files and path not in NEVER_DELETE:  # .gitattributes: the Hub's, never planned
+            action = "delete" if path in delete else "keep"
+            out.append(FilePlan(path, action, None, r.size, None, r.lfs is not None))
     return sorted(out, key=lambda f: f.path)
+
+
+def _deletions(files: dict[str, Path], remote: dict[str, RepoFile], patterns: list[str] | None,
+               left_out: set[str]) -> set[str]:
+    """Remote paths a push deletes, as ``hf upload --delete PATTERN`` does (huggingface_hub
+    ``_prepare_folder_deletions``: fnmatch over repo paths, ``*`` crossing ``/``; ``.gitattributes`` never): remote
+    files the folder lacks that match a pattern. Files the folder holds but left out (a pickle, a dotfile) are never
+    deleted on their account, and ``README.md`` only when a pattern is exactly ``README.md``: a card on the Hub may
+    be written by hand."""
+    if not patterns:
+        return set()
+    gone = [p for p in remote if p not in files and p not in left_out and p not in NEVER_DELETE]
+    hits = set(filter_repo_objects(gone, allow_patterns=list(patterns)))
+    if README in hits and README not in patterns:
+        hits.discard(README)
+    return hits
 
 
 # ---- push -------------------------------------------------------------------------------------------------------
@@ -408,16 +432,25 @@ def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, Repo
 
 def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, private: bool = False,
          dry_run: bool = False, force: bool = False, token: str | None = None, endpoint: str | None = None,
-         target: str | None = None, validate: bool = True, expect_head: str | None = None) -> PushReport:
+         target: str | None = None, validate: bool = True, expect_head: str | None = None,
+         include: list[str] | None = None, exclude: list[str] | None = None, delete: list[str] | None = None,
+         commit_message: str | None = None, commit_description: str | None = None,
+         create_pr: bool = False) -> PushReport:
     """Push a drafter folder to a Hub repo as one commit, or show the plan (``dry_run``).
 
-    Steps: validate the drafter (refuse on errors unless ``force``); read the remote head and tree; compare every
-    local file by hash (sha256 for LFS files, git blob sha1 for regular files); create the repo / branch when
-    missing; one ``create_commit`` (adds for new / changed files, deletes for remote files absent locally except
-    :data:`NEVER_DELETE` and files the folder holds but left out, e.g. a pickle uploaded earlier) with
-    ``parent_commit`` = the head read while planning, so a concurrent change fails cleanly; read the remote tree
-    of the new commit back and compare sizes and hashes. An unchanged release makes no commit. An interrupted push
-    completes when run again: LFS objects already on the Hub are not sent again.
+    Follows ``hf upload REPO FOLDER`` (huggingface_hub ``upload_folder``): ``include`` / ``exclude`` filter the
+    local files (fnmatch, ``huggingface_hub.utils.filter_repo_objects``); files on the Hub that the folder lacks are
+    kept unless they match a ``delete`` pattern; ``commit_message`` / ``commit_description`` / ``create_pr`` as
+    there. On top: the drafter is validated (refused on errors unless ``force``); a ``README.md`` whose serve
+    commands name a placeholder or a local path is refused; a ``README.md`` on the Hub that dsparkhub did not write
+    is neither deleted nor replaced unless ``delete`` names ``README.md`` itself.
+
+    Steps: read the remote head and tree; compare every local file by hash (sha256 for LFS files, git blob sha1 for
+    regular files); create the repo / branch when missing; one ``create_commit`` (adds for new / changed files,
+    :class:`CommitOperationDelete` for the deletions) with ``parent_commit`` = the head read while planning, so a
+    concurrent change fails cleanly; read the tree of the new commit back and compare sizes and hashes. An
+    unchanged release makes no commit. An interrupted push completes when run again: LFS objects already on the Hub
+    are not sent again.
 
     Args:
         draft_dir: the converted drafter folder (``config.json``, ``model.safetensors``, provenance, card ...).
@@ -432,32 +465,60 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         validate: run validation at all (False only for callers that validated just before).
         expect_head: the remote head commit (full sha or a prefix of 7+ characters) a ``--dry-run`` showed; the
             push is refused when the branch has moved since, so what was reviewed is what gets pushed.
+        include / exclude: fnmatch patterns over the folder's POSIX paths: push only matching / not matching files.
+        delete: fnmatch patterns over repo paths: remote files the folder lacks that match are deleted
+            (``.gitattributes`` never; ``README.md`` only when named exactly).
+        commit_message / commit_description: the commit's summary (default: counts of the changes) and a text put
+            before dsparkhub's own description (file hashes, validation, provenance).
+        create_pr: open a pull request against ``main`` instead of committing to it (``report.pr_url``).
 
     Returns:
         :class:`PushReport`.
 
     Raises:
-        HubError: invalid repo id; no token (not for dry runs); ``expect_head`` differs from the remote head; 401 / 403 / 404 / 412 (remote changed since the
-            plan) / 5xx / network errors, each with a hint and the huggingface_hub error as ``__cause__``; the
-            remote tree after the commit differs from the local files.
+        HubError: invalid repo id; ``create_pr`` with a revision other than main; no token (not for dry runs);
+            ``expect_head`` differs from the remote head; 401 / 403 / 404 / 412 (remote changed since the plan) /
+            5xx / network errors, each with a hint and the huggingface_hub error as ``__cause__``; the remote tree
+            after the commit differs from the local files.
         ValidationFailedError: validation found errors and ``force`` is False.
         ConversionRefusedError: the folder is in a training layout vLLM does not load (DeepSpec) and ``force`` is
             False.
-        CheckpointNotFoundError: ``draft_dir`` is not a folder.
+        CardError: the folder's ``README.md`` serve commands name a placeholder or a local path; or the Hub's
+            ``README.md`` was not written by dsparkhub and would be replaced or deleted without ``delete`` naming it.
+        CheckpointNotFoundError: ``draft_dir`` is not a folder, or nothing is left to push after ``include`` /
+            ``exclude``.
         CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object.
     """
+    from .card import CardError, serve_command_problems
+
     draft_dir = Path(draft_dir)
     check_repo_id(repo_id)
+    if create_pr and revision not in (None, "main"):
+        raise HubError(f"a pull request is opened against main; --revision {revision} cannot take one",
+                       hint="drop --revision (the Hub creates refs/pr/N), or push to the branch without --create-pr")
     revision = revision or "main"
     left_out: dict[str, str] = {}
     files = local_files(draft_dir, left_out)
     if not files:
         raise CheckpointNotFoundError("the drafter folder is empty: nothing to push", path=draft_dir)
+    if include or exclude:
+        chosen = set(filter_repo_objects(list(files), allow_patterns=include or None, ignore_patterns=exclude or None))
+        files = {p: f for p, f in files.items() if p in chosen}
+        if not files:
+            raise CheckpointNotFoundError(f"no file of the folder matches --include {include or []} / --exclude "
+                                          f"{exclude or []}: nothing to push", path=draft_dir)
+    if README in files:
+        problems = serve_command_problems(files[README].read_text(encoding="utf-8", errors="replace"))
+        if problems:
+            raise CardError(f"{README}: its serve commands cannot be run by anyone else: {'; '.join(problems)}",
+                            path=files[README],
+                            hint=f"write the card again with the release's ids: `dsparkhub card {draft_dir} --results "
+                                 f"RESULTS --repo-id {repo_id}` (and --base-model NS/NAME for a local target)")
     token = token or get_token()
     if not token and not dry_run:
         raise HubError("no Hugging Face token: pushing needs one with write access",
-                       hint="set HF_TOKEN or run `hf auth login` (or try --dry-run, which needs none for public "
-                            "repos)")
+                       hint="set HF_TOKEN, pass --token or run `hf auth login` (or try --dry-run, which needs none "
+                            "for public repos)")
     r = _redactor(token)
 
     report_validation, forced, validation = None, False, None
@@ -496,18 +557,29 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
                        f"{(head or 'absent')[:12]}, --expect-head says {expect_head[:12]}",
                        hint="run --dry-run again, review the new plan, and push with its head")
     kept = set(left_out)
-    plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, _diff(files, hashes, remote, kept))
+
+    def plan_files(remote_now: dict[str, RepoFile], head_now: str | None) -> list[FilePlan]:
+        _guard_readme(api, repo_id, head_now, files, remote_now, delete, token)
+        return _diff(files, hashes, remote_now, _deletions(files, remote_now, delete, kept))
+
+    plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, plan_files(remote, head))
     report = PushReport(plan, dry_run=dry_run, validation=report_validation, forced=forced)
     if left_out:
         report.notes.append("left out: " + ", ".join(f"{path} ({why})" for path, why in left_out.items()))
-    if kept & set(remote):
-        report.notes.append(f"kept on the Hub although left out here: {', '.join(sorted(kept & set(remote)))} (a "
-                            "push never deletes a file the folder still holds; delete it on the Hub if it should go)")
+    kept_remote = [f.path for f in plan.by_action("keep")]
+    if kept_remote:
+        report.notes.append(f"kept on the Hub although not pushed from here: {', '.join(kept_remote)} (as `hf "
+                            "upload`: pass --delete PATTERN to delete remote files the folder lacks)")
+    if delete and README in remote and README not in files and README not in delete and any(
+            f.path == README and f.action == "keep" for f in plan.files):
+        report.notes.append(f"{README} on the Hub is kept: --delete deletes it only when it names {README} itself")
     if repo_exists and private:
         report.notes.append("the repo exists: --private does not change its visibility")
     if dry_run:
         if not token:
             report.notes.append("no token: a private repo would look absent to this dry run")
+        if create_pr:
+            report.notes.append(f"a pull request against main would be opened from {(head or 'the new repo')[:12]}")
         return report
 
     try:
@@ -520,7 +592,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
                 report.notes.append(f"created branch {revision}")
             # the new repo / branch has an initial commit: plan against it
             _, _, head, remote = _remote_state(api, repo_id, revision, token)
-            plan.parent_commit, plan.files = head, _diff(files, hashes, remote, kept)
+            plan.parent_commit, plan.files = head, plan_files(remote, head)
     except _HUB_ERRORS as exc:
         raise _hub_error(exc, f"create {repo_id}@{revision}", repo_id, token) from exc
 
@@ -537,10 +609,11 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
     ops = adds + [CommitOperationDelete(path_in_repo=f.path) for f in plan.by_action("delete")]
     already = _lfs_objects_present(api, repo_id, revision, adds, token)
     fingerprint = checkpoint_fingerprint(draft_dir) if (draft_dir / "config.json").exists() else None
-    summary, description = _commit_text(plan, files, hashes, provenance, validation, forced, fingerprint, r)
+    summary, description = _commit_text(plan, files, hashes, provenance, validation, forced, fingerprint, r,
+                                        commit_message, commit_description)
     try:
         info = api.create_commit(repo_id, ops, commit_message=summary, commit_description=description,
-                                 revision=revision, parent_commit=head)
+                                 revision=revision, parent_commit=head, create_pr=create_pr)
     except _HUB_ERRORS as exc:
         raise _hub_error(exc, f"commit to {repo_id}@{revision}", repo_id, token) from exc
     except RuntimeError as exc:
@@ -548,14 +621,44 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             raise
         cause = exc.__cause__ if isinstance(exc.__cause__, _HUB_ERRORS) else exc
         raise _hub_error(cause, f"upload to {repo_id}@{revision}", repo_id, token) from exc
-    report.commit_oid, report.commit_url = info.oid, info.commit_url
+    report.commit_oid, report.commit_url, report.pr_url = info.oid, info.commit_url, info.pr_url
 
-    remote_after = _check_remote(api, repo_id, info.oid, files, hashes, token, kept)
+    remote_after = _check_remote(api, repo_id, info.oid, files, hashes, token,
+                                 {f.path for f in plan.by_action("keep")})
     report.bytes_uploaded = sum(
         f.size or 0 for f in plan.files
         if f.action in ("add", "change") and not (remote_after[f.path].lfs is not None and f.sha256 in already))
     report.remote_check = "ok"
     return report
+
+
+def _guard_readme(api: HfApi, repo_id: str, head: str | None, files: dict[str, Path], remote: dict[str, RepoFile],
+                  delete: list[str] | None, token: str | None) -> None:
+    """Refuse to replace a ``README.md`` on the Hub that ``dsparkhub card`` did not write (it lacks
+    :data:`dsparkhub.card.CARD_MARKER`) unless ``delete`` names ``README.md`` itself (deleting one is ruled out by
+    :func:`_deletions`). Reads the remote README only when it would change (one GET, allowed in dry runs).
+
+    Raises:
+        CardError: the hand-written README would go.
+    """
+    from .card import CARD_MARKER, CardError
+
+    ours, theirs = files.get(README), remote.get(README)
+    # a README the folder lacks is deleted only when `delete` names it (see _deletions): nothing to guard then
+    if ours is None or theirs is None or head is None or README in (delete or []):
+        return
+    if _same(ours, sha256_files([ours])[str(ours)], theirs):
+        return
+    try:
+        text = Path(hf_hub_download(repo_id, README, revision=head, token=token, endpoint=api.endpoint)
+                    ).read_text(encoding="utf-8", errors="replace")
+    except _HUB_ERRORS as exc:
+        raise _hub_error(exc, f"read {README} of {repo_id}", repo_id, token, reading=True) from exc
+    if CARD_MARKER not in text:
+        raise CardError(f"{repo_id} has a {README} on the Hub that dsparkhub did not write; this push would "
+                        "replace it",
+                        hint=f"pass --delete {README} to let it go, --exclude {README} to keep it, or merge it "
+                             "into the card (`dsparkhub card --template`)")
 
 
 def _lfs_objects_present(api: HfApi, repo_id: str, revision: str, adds: list[CommitOperationAdd],

@@ -19,6 +19,7 @@ Does not: touch the network (manifests are checked-in data) or load any weights.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
@@ -239,15 +240,32 @@ def get_manifest(name: str, folder: str | Path | None = None) -> TargetManifest 
     """The target or release manifest called ``name``.
 
     Raises:
-        ManifestError: unknown name (the message lists the known ones).
+        ManifestError: unknown name (the message suggests close names, ``difflib``, and lists the known ones).
     """
     targets, releases = load_manifests(folder)
     if name in targets:
         return targets[name]
     if name in releases:
         return releases[name]
-    raise ManifestError(f"unknown manifest {name!r}; targets: {', '.join(sorted(targets))}; releases: "
-                        f"{', '.join(sorted(releases))}")
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [*targets, *releases], n=3, cutoff=0.6)
+    raise ManifestError(f"unknown manifest {name!r}" + (f"; did you mean {' or '.join(map(repr, close))}?"
+                                                         if close else "")
+                        + f" known targets: {', '.join(sorted(targets))}; releases: {', '.join(sorted(releases))}",
+                        hint="`dsparkhub manifests list` shows every manifest")
+
+
+#: citations of the project's working notes (FORMATS.md, reference notes, third-party notes), which are not shipped
+#: in the repository or the wheel: a reader of ``manifests show`` cannot open them
+_UNSHIPPED_NOTES = re.compile(r"\bFORMATS\s*§\s*[\d.]+|\breference notes(?:\s*§\s*[\d.]+)?|\b3p notes?\b")
+
+
+def unshipped_citations(source: str) -> list[str]:
+    """The citations in a fact's ``source`` text that point at notes this repository does not hold (``FORMATS §7``,
+    ``reference notes §1.4``, ``3p notes``), so ``manifests show`` can say so instead of citing them as if a reader
+    could look them up."""
+    return list(dict.fromkeys(m.group(0) for m in _UNSHIPPED_NOTES.finditer(source or "")))
 
 
 def is_manifest_name(name: str, folder: str | Path | None = None) -> bool:

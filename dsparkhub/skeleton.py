@@ -30,7 +30,7 @@ from pathlib import Path
 from .checkpoint import DTYPE_BITS, INDEX_NAME
 from .errors import ManifestError
 from .families import evaluate
-from .manifests import TargetManifest, get_manifest
+from .manifests import ReleaseManifest, TargetManifest, get_manifest
 from .writer import atomic_output, write_json
 
 MARKER = "dsparkhub_skeleton.json"
@@ -218,6 +218,7 @@ class SkeletonResult:
     logical_bytes: int
     disk_bytes: int
     sparse: bool
+    manifest: str = ""
 
 
 def v4_drafter_tensors(m: TargetManifest) -> list[SkeletonTensor]:
@@ -266,7 +267,7 @@ def write_skeleton(manifest: TargetManifest | str, out: str | Path, *, tiny: boo
     """Write a target checkpoint for ``manifest`` into ``out``.
 
     Args:
-        manifest: a target manifest or its name.
+        manifest: a target manifest or its name, or a release manifest name (its target is written).
         out: output folder (must not exist unless ``overwrite``).
         tiny: write the tiny-dimension version with random data (see :func:`tiny_manifest`) instead of a sparse
             real-size skeleton.
@@ -284,6 +285,8 @@ def write_skeleton(manifest: TargetManifest | str, out: str | Path, *, tiny: boo
         OutputExistsError: ``out`` exists and ``overwrite`` is False.
     """
     m = manifest if isinstance(manifest, TargetManifest) else get_manifest(manifest)
+    if isinstance(m, ReleaseManifest):  # a release names its target: that is the checkpoint to write
+        m = get_manifest(m.target)
     if tiny:
         m = tiny_manifest(m, **tiny_kwargs)
     tensors = skeleton_tensors(m)
@@ -332,7 +335,7 @@ def write_skeleton(manifest: TargetManifest | str, out: str | Path, *, tiny: boo
         write_json(tmp / MARKER, {"manifest": m.name, "tiny": tiny, "sparse": not tiny,
                                   "note": "written by dsparkhub.skeleton: real names / shapes / dtypes / shards, "
                                           + ("random values" if tiny else "no data (holes)")})
-    return SkeletonResult(Path(out), names, len(tensors), total, disk, not tiny)
+    return SkeletonResult(Path(out), names, len(tensors), total, disk, not tiny, m.name)
 
 
 def write_sparse_safetensors(path: str | Path, tensors: list[SkeletonTensor]) -> int:

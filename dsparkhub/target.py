@@ -90,6 +90,22 @@ def target_from_checkpoint(ckpt: Checkpoint, source: str) -> TargetSpec:
                       cfg["vocab_size"], embed, head, tied)
 
 
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """In huggingface_hub offline mode, the HF-cache snapshot of ``repo_id`` (``snapshot_download`` with
+    ``local_files_only=True``, which reads refs and files only from the cache) when it holds a ``config.json``;
+    None online (the Hub is read instead, headers only) or when nothing usable is cached."""
+    from huggingface_hub import is_offline_mode, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    if not is_offline_mode():
+        return None
+    try:
+        folder = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
+        return None
+    return folder if (folder / "config.json").is_file() else None
+
+
 def open_target(source: str | Path, *, endpoint: str | None = None, token: str | None = None) -> TargetSpec:
     """Open a target from a local HF folder or a Hub repo id, reading config and headers only.
 
@@ -101,7 +117,8 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
 
     Raises:
         CheckpointNotFoundError: neither a local folder nor a repo id.
-        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub``).
+        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub``). With
+            ``HF_HUB_OFFLINE=1`` a repo id is read from the HF cache when it was downloaded before.
         CheckpointFormatError / IncompatibleTargetError: malformed config or headers.
     """
     source = str(source)
@@ -129,6 +146,9 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
         from .hub import remote_checkpoint
 
         repo, _, revision = source.partition("@")
+        cached = _cached_snapshot(repo, revision or None)
+        if cached is not None:  # HF_HUB_OFFLINE=1 and the target was downloaded before: read the HF cache
+            return target_from_checkpoint(open_checkpoint(cached, lazy=True), source)
         try:
             return target_from_checkpoint(remote_checkpoint(repo, revision=revision or None, endpoint=endpoint,
                                                             token=token), source)
@@ -141,3 +161,95 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
             raise
     raise CheckpointNotFoundError("target is neither a local folder nor a Hub repo id (namespace/name)",
                                   path=source)
+
+
+# ---- the target's public name -----------------------------------------------------------------------------------
+
+
+def _hub_id_like(value) -> bool:
+    """``namespace/name`` as the Hub spells it, and not a local path (``./x``, ``/x``, ``~/x`` or an existing one)."""
+    return (isinstance(value, str) and bool(_REPO_ID.match(value)) and "@" not in value
+            and not value.startswith((".", "/", "~")) and not Path(value).exists())
+
+
+def manifest_for_headers(spec: TargetSpec):
+    """The one target manifest whose geometry and embedding / LM-head headers (name, shape, dtype) ``spec`` has.
+
+    This is the header fingerprint a manifest can state without weights: ``model_type``, hidden size, layer count,
+    vocab size and the two tensors both sides know. Returns None unless exactly one manifest matches (the tiny
+    skeletons and the embedded example match none).
+    """
+    from .manifests import load_manifests
+
+    def key(t):
+        return None if t is None else (t.name, tuple(t.shape), t.dtype)
+
+    targets, _ = load_manifests()
+    hits = [m for m in targets.values()
+            if (m.text_model_type or m.model_type) == spec.model_type and m.hidden_size == spec.hidden_size
+            and m.num_hidden_layers == spec.num_hidden_layers and m.vocab_size == spec.vocab_size
+            and key(spec.embed) == (m.embed.name, m.embed.shape, m.embed.dtype)
+            and key(spec.lm_head) == (m.lm_head.name, m.lm_head.shape, m.lm_head.dtype)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def target_repo_id(source: str | Path | TargetSpec) -> tuple[str | None, str]:
+    """The Hub repo id a target is published under, and how it was found; ``(None, why not)`` when unknown.
+
+    In order: a Hub source names itself (``ns/name@rev`` -> ``ns/name``); a manifest name gives its ``repo_id``; a
+    local folder gives its config's ``_name_or_path`` when that is a Hub id (transformers writes it on
+    ``save_pretrained`` of a model loaded from the Hub), else the manifest of the skeleton it was written from
+    (``dsparkhub_skeleton.json``), else the one target manifest its headers match (:func:`manifest_for_headers`).
+
+    Used so that cards, provenance and results name a local target by its Hub id instead of a local path.
+    Reads config and headers only; never the network.
+    """
+    spec = source if isinstance(source, TargetSpec) else None
+    text = spec.source if spec is not None else str(source)
+    if spec is None and not Path(text).exists():
+        name = text.removeprefix("manifest:")
+        from .manifests import TargetManifest, get_manifest, is_manifest_name
+
+        if "/" not in name and is_manifest_name(name):
+            m = get_manifest(name)
+            return (m.repo_id, f"manifest {m.name}") if isinstance(m, TargetManifest) else (None, "release")
+        repo = text.partition("@")[0]
+        return (repo, "Hub repo id") if _hub_id_like(repo) else (None, f"{text!r} is not a Hub repo id")
+    if spec is not None and not Path(text).exists() and _hub_id_like(text.partition("@")[0]):
+        return text.partition("@")[0], "Hub repo id"  # e.g. read from the HF cache offline
+    if spec is not None and spec.manifest and not spec.local:
+        from .manifests import get_manifest
+
+        return get_manifest(spec.manifest).repo_id, f"manifest {spec.manifest}"
+    if spec is not None and not spec.local:
+        repo = text.removeprefix("hub:").partition("@")[0]
+        return (repo, "Hub repo id") if _hub_id_like(repo) else (None, f"{text!r} is not a Hub repo id")
+    try:
+        spec = spec or open_target(text)
+    except (CheckpointNotFoundError, ValueError) as exc:  # not a readable target: nothing to go by
+        return None, f"cannot read the target's config ({exc})"
+    for cfg in (spec.checkpoint.config, spec.config):
+        if _hub_id_like(cfg.get("_name_or_path")):
+            return cfg["_name_or_path"], "config.json _name_or_path"
+    marker = Path(spec.source) / "dsparkhub_skeleton.json"
+    if spec.manifest and marker.is_file():
+        from .checkpoint import read_json
+        from .manifests import get_manifest
+
+        if not read_json(marker, "dsparkhub_skeleton.json").get("tiny"):  # tiny ones have other geometry
+            return get_manifest(spec.manifest).repo_id, f"skeleton of manifest {spec.manifest}"
+    m = manifest_for_headers(spec)
+    if m is not None:
+        return m.repo_id, f"headers match manifest {m.name}"
+    return None, ("the folder's config.json has no Hub `_name_or_path` and its headers match no target manifest; "
+                  "pass --base-model NS/NAME")
+
+
+def public_name(source: str | Path) -> str:
+    """How a results file or provenance names a model: its Hub id when :func:`target_repo_id` finds one, a Hub id
+    or manifest name as given, else only the folder's own name (never an absolute local path)."""
+    text = str(source)
+    if Path(text).exists():
+        repo, _ = target_repo_id(text)
+        return repo or Path(text).resolve().name
+    return text

@@ -191,14 +191,15 @@ def test_card_with_gpu_results_and_provenance(tmp_path):
     best = max(data["summary"], key=lambda r: r["mean_speedup"])["num_speculative_tokens"]
     assert ("vllm serve Qwen/Qwen3-8B \\\n  --tensor-parallel-size 8 \\\n  --max-model-len 20000 \\\n"
             "  --compilation-config '{\"pass_config\": {\"fuse_allreduce_rms\": false}}' \\\n"
-            f"  --speculative-config '{{\"model\": \"{draft}\", \"method\": \"dspark\", "
-            f"\"num_speculative_tokens\": {best}}}'") in text
+            f"  --speculative-config '{{\"model\": \"<your-namespace>/d\", \"method\": \"dspark\", "
+            f"\"num_speculative_tokens\": {best}}}'") in text  # no --repo-id: a placeholder push refuses
     assert "    tensor_parallel_size=8,\n    max_model_len=20000," in text
     assert "compilation_config={'pass_config': {'fuse_allreduce_rms': False}}," in text
     assert "had the highest mean speedup in the `vllm` measurements" in text
     assert "### CPU reference engine" in text and "### vLLM offline engine (vllm 0.32.0, NVIDIA H200 x8)" in text
     assert "on NVIDIA H200 x8" in text
-    assert "- **Source checkpoint:** `/runs/qwen3/step_1200` (deepspec layout)" in text
+    assert "- **Source checkpoint:** `step_1200` (deepspec layout)" in text  # an old file's path, by its name
+    assert "/runs/" not in text and str(tmp_path) not in text and "/data/" not in text
     assert f"`model.safetensors` `{'c0ffee' * 10}`" in text
     assert "- **Converted against target:** `Qwen/Qwen3-8B`" in text
     assert '- **Conversion options:** `{"keep_embeddings": false}`' in text
@@ -226,8 +227,24 @@ def test_plots_are_png(tmp_path):
     for p in out.plots:
         assert p.read_bytes()[:8] == PNG_MAGIC
         img = mpimg.imread(p)
-        assert img.shape[0] == 400 and img.shape[1] == 600 and img.std() > 0.01  # not a blank canvas
+        assert img.shape[0] == 825 and img.shape[1] == 1350 and img.std() > 0.01  # not a blank canvas
     assert not list(draft.glob(".dsparkhub-card-*"))
+
+
+def test_plots_name_drafter_target_and_datasets_and_speedup_starts_at_zero(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
+    draft = make_drafter(tmp_path / "my-drafter")
+    write_card(draft, [make_results(draft, tmp_path / "r.json")], repo_id="org/d")
+    (acc,), (speed,) = (f.axes for f in figures)
+    for ax in (acc, speed):
+        title = ax.get_title()
+        assert "DSpark drafter my-drafter on Qwen/Qwen3-8B" in title and "datasets: gsm-mini, code" in title
+    assert speed.get_ylim()[0] == 0 and speed.get_ylim()[1] > max(
+        y for line in speed.get_lines() for y in line.get_ydata())
 
 
 # ---- refusals ---------------------------------------------------------------------------------------------------
@@ -336,3 +353,79 @@ def test_a_readme_folder_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(CardError, match="not a file"):
         write_card(draft, [r])
     assert not (draft / "assets").exists()
+
+
+# ---- a release that is right when it leaves (issue 13) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda run: run.update(tau=4.5), "τ is 4.5, but a verify step commits 1 to n + 1 = 4 tokens"),
+    (lambda run: run.update(speedup=run["tau"] * 1.5), "exceeds τ"),
+    (lambda run: run.update(tokens_per_s=-1.0), "tokens_per_s is -1.0 (negative)"),
+    (lambda run: run.update(per_position_acceptance=[1.2, 0.5, 0.1]), "leaves [0, 1]"),
+])
+def test_impossible_results_are_refused_naming_the_file(tmp_path, edit, words):
+    draft = make_drafter(tmp_path / "d")
+    path = make_results(draft, tmp_path / "edited.json")
+    data = json.loads(path.read_text())
+    run = data["datasets"][0]["runs"][0]
+    assert run["num_speculative_tokens"] == 3
+    edit(run)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultsError, match="impossible results") as err:
+        write_card(draft, [path], repo_id="org/d")
+    assert words in str(err.value) and "edited.json" in str(err.value) and "gsm-mini" in str(err.value)
+    assert not (draft / "README.md").exists()
+
+
+def _local_target(path: Path, config_extra: dict | None = None) -> Path:
+    from dsparkhub.testing.factories import make_qwen3_target
+
+    make_qwen3_target(path)
+    if config_extra:
+        cfg = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**cfg, **config_extra}))
+    return path
+
+
+def test_card_for_a_local_target_names_its_hub_id_and_no_local_path(tmp_path):
+    from dsparkhub.card import serve_command_problems
+    from dsparkhub.verify.results import VerifyResults
+
+    target = _local_target(tmp_path / "targets" / "qwen3", {"_name_or_path": "Qwen/Qwen3-8B"})
+    draft = make_drafter(tmp_path / "d")
+    path = make_results(draft, tmp_path / "r.json")
+    data = json.loads(path.read_text())
+    data["target"]["id"] = str(target)  # a results file written before results named targets by Hub id
+    data["datasets"][0]["source"] = str(tmp_path / "data" / "gsm-mini.jsonl")
+    path.write_text(json.dumps(data))
+    VerifyResults.load(path)
+    text = write_card(draft, [path], repo_id="org/d").readme.read_text()
+    assert front_matter(text)["base_model"] == "Qwen/Qwen3-8B"
+    assert "vllm serve Qwen/Qwen3-8B" in text and "- **Target:** `Qwen/Qwen3-8B`" in text
+    assert str(tmp_path) not in text and "`gsm-mini.jsonl`" in text
+    assert serve_command_problems(text) == []
+    # no Hub id anywhere: the card says so with a placeholder push refuses, and --base-model fixes it
+    bare = _local_target(tmp_path / "bare")
+    data["target"]["id"] = str(bare)
+    path.write_text(json.dumps(data))
+    text = write_card(draft, [path]).readme.read_text()
+    assert "base_model" not in front_matter(text) and str(tmp_path) not in text
+    assert serve_command_problems(text)  # "bare" and "<your-namespace>/d"
+    text = write_card(draft, [path], base_model="org/qwen3-tiny", repo_id="org/d").readme.read_text()
+    assert front_matter(text)["base_model"] == "org/qwen3-tiny" and serve_command_problems(text) == []
+
+
+def test_target_repo_id_from_config_manifest_headers_and_skeleton(tmp_path):
+    from dsparkhub.skeleton import write_skeleton
+    from dsparkhub.target import target_repo_id
+
+    assert target_repo_id("Qwen/Qwen3-8B@main") == ("Qwen/Qwen3-8B", "Hub repo id")
+    assert target_repo_id("kimi-k2.6")[0] == "moonshotai/Kimi-K2.6"
+    named = _local_target(tmp_path / "named", {"_name_or_path": "org/base"})
+    assert target_repo_id(named) == ("org/base", "config.json _name_or_path")
+    local_name = _local_target(tmp_path / "local", {"_name_or_path": str(tmp_path / "elsewhere")})
+    assert target_repo_id(local_name)[0] is None  # a local _name_or_path is no Hub id
+    write_skeleton("qwen3-8b", tmp_path / "skel")
+    (tmp_path / "skel" / "dsparkhub_skeleton.json").unlink()  # the headers alone match the manifest
+    assert target_repo_id(tmp_path / "skel") == ("Qwen/Qwen3-8B", "headers match manifest qwen3-8b")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +195,30 @@ def test_overwrite_replaces_folders_only_and_training_state_is_no_shard(tmp_path
     from dsparkhub.checkpoint import open_checkpoint
 
     assert open_checkpoint(step).files == ["model.safetensors"]
+
+
+def test_provenance_names_folders_and_the_targets_hub_id_never_a_local_path(tmp_path, run, target):
+    cfg = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**cfg, "_name_or_path": "org/qwen3-tiny"}))
+    convert(run, tmp_path / "out", target)
+    text = (tmp_path / "out" / PROVENANCE_NAME).read_text()
+    prov = json.loads(text)
+    assert str(tmp_path) not in text
+    assert prov["source"]["name"] == Path(open_draft(run).checkpoint.path).name  # the step folder, with file hashes
+    assert prov["target"]["repo_id"] == "org/qwen3-tiny" and prov["target"]["source"] == "org/qwen3-tiny"
+    assert prov["target"]["repo_id_from"] == "config.json _name_or_path" and prov["target"]["name"] == "target"
+    assert prov["target"]["config_sha256"] == sha256_file(target / "config.json")
+    res = CliRunner().invoke(main, ["convert", str(run), "--target", str(target), "--out", str(tmp_path / "o2"),
+                                    "--base-model", "org/other"])
+    assert res.exit_code == 0, res.output
+    prov = json.loads((tmp_path / "o2" / PROVENANCE_NAME).read_text())
+    assert prov["target"]["repo_id"] == "org/other" and prov["target"]["repo_id_from"] == "--base-model"
+
+
+def test_convert_reports_progress_of_its_phases(tmp_path, run, target):
+    seen = []
+    result = convert(run, tmp_path / "out", target, progress=lambda *a: seen.append(a))
+    writes = [a for a in seen if a[0] == "write"]
+    assert writes and writes[-1] == ("write", result.plan.out_bytes, result.plan.out_bytes)
+    assert [d for _, d, _ in writes] == sorted(d for _, d, _ in writes)  # never backwards
+    assert seen[-2:] == [("hash", 0, 1), ("hash", 1, 1)]

@@ -97,7 +97,10 @@ def test_token_id_prompts_without_tokenizer(tmp_path):
     p = write_jsonl(tmp_path / "ids.jsonl", [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4]},
                                              {"prompt_token_ids": [5, 6]}])
     (ds,) = load_datasets([str(p)], tmp_path, max_prompts=2)
-    assert (ds.name, ds.source, ds.prompts) == ("ids", str(p), [[1, 2, 3], [4]])
+    import hashlib
+
+    source = f"ids.jsonl (sha256 {hashlib.sha256(p.read_bytes()).hexdigest()[:16]})"  # name + hash, no local path
+    assert (ds.name, ds.source, ds.prompts) == ("ids", source, [[1, 2, 3], [4]])
     with pytest.raises(PromptFileError, match="max_prompts must be at least 1"):
         load_datasets([str(p)], tmp_path, max_prompts=0)
 
@@ -170,3 +173,31 @@ def test_a_byte_order_mark_is_accepted(tmp_path):
     path = tmp_path / "bom.jsonl"
     path.write_bytes("\ufeff".encode() + b'{"prompt": "a"}\n')
     assert len(read_jsonl(path)) == 1
+
+
+def test_hub_dataset_unreachable_fails_fast_and_a_cached_file_needs_no_network(monkeypatch):
+    """Online mode with an endpoint that does not answer (a closed local port): one probe, no retries."""
+    import time
+    from pathlib import Path
+
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda *a, **k: calls.append(a) or [])
+    start = time.monotonic()
+    with pytest.raises(PromptFileError, match="did not answer") as err:
+        load_datasets(["hub:someone/evals"], None)
+    assert time.monotonic() - start < 10 and calls == [] and "pass its path" in err.value.hint
+    # a file downloaded before is read from the HF cache, no request made
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = Path(constants.HF_HUB_CACHE) / "datasets--someone--evals"
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "ids.jsonl").write_text('{"prompt_token_ids": [4, 5]}\n')
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    (ds,) = load_datasets(["hub:someone/evals:ids.jsonl"], None)
+    assert ds.prompts == [[4, 5]] and ds.source == "hub:someone/evals:ids.jsonl"

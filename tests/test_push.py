@@ -162,23 +162,32 @@ def test_repush_of_unchanged_release_makes_no_commit_and_uploads_nothing(hub, tm
     assert hub.writes == []
 
 
-def test_changed_and_deleted_files_make_one_commit_and_keep_gitattributes(hub, tmp_path):
+def test_changed_files_make_one_commit_and_remote_only_files_are_kept_unless_deleted(hub, tmp_path):
     draft = make_drafter(tmp_path / "draft")
     push(draft, "alice/c", endpoint=hub.url)
     make_drafter(draft, seed=1)  # new weights and config
     (draft / "README.md").unlink()
+    (draft / "model.safetensors.index.json").unlink()
     n_commits = len(hub.commits("alice/c"))
-    report = push(draft, "alice/c", endpoint=hub.url)
+    report = push(draft, "alice/c", endpoint=hub.url)  # as `hf upload`: what the folder lacks stays on the Hub
     actions = {f.path: f.action for f in report.plan.files}
-    assert actions == {"README.md": "delete", "config.json": "change", "dsparkhub_provenance.json": "unchanged",
+    assert actions == {"README.md": "keep", "config.json": "change", "dsparkhub_provenance.json": "unchanged",
                        "model-00001-of-00002.safetensors": "change", "model-00002-of-00002.safetensors": "change",
-                       "model.safetensors.index.json": "unchanged"}
+                       "model.safetensors.index.json": "keep"}
     assert len(hub.commits("alice/c")) == n_commits + 1
+    assert {"README.md", "model.safetensors.index.json"} <= set(hub.files("alice/c"))
+    changed = ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert report.bytes_uploaded == sum((draft / p).stat().st_size for p in changed)
+    # --delete '*' deletes what the folder lacks, but never the hand-written README (only --delete README.md does)
+    report = push(draft, "alice/c", endpoint=hub.url, delete=["*"])
+    actions = {f.path: f.action for f in report.plan.files}
+    assert actions["model.safetensors.index.json"] == "delete" and actions["README.md"] == "keep"
+    assert any("README.md on the Hub is kept" in n for n in report.notes), report.notes
+    report = push(draft, "alice/c", endpoint=hub.url, delete=["README.md"])
+    assert [f.path for f in report.plan.by_action("delete")] == ["README.md"]
     files = hub.files("alice/c")
     assert set(files) == set(_bytes(draft)) | {".gitattributes"}
     assert files["config.json"] == (draft / "config.json").read_bytes()
-    changed = ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-    assert report.bytes_uploaded == sum((draft / p).stat().st_size for p in changed)
 
 
 def test_a_file_left_out_here_is_kept_on_the_hub(hub, tmp_path):
@@ -191,14 +200,17 @@ def test_a_file_left_out_here_is_kept_on_the_hub(hub, tmp_path):
     (draft / "pytorch_model.bin").write_bytes(b"local pickle")  # the folder still holds one: left out, kept remotely
     report = push(draft, "alice/k", endpoint=hub.url)
     assert report.plan.by_action("delete") == [] and "pytorch_model.bin" in hub.files("alice/k")
-    assert any("kept on the Hub although left out here: pytorch_model.bin" in n for n in report.notes), report.notes
+    assert any("kept on the Hub although not pushed from here: pytorch_model.bin" in n for n in report.notes), \
+        report.notes
     make_drafter(draft, seed=1)  # a real change beside the kept file: committed, and the read-back accepts it
     report = push(draft, "alice/k", endpoint=hub.url)
     assert report.committed and report.plan.by_action("delete") == []
     report = push(draft, "alice/k", revision="dev", endpoint=hub.url)  # a new branch starts from main: kept too
     assert report.plan.by_action("delete") == [] and "pytorch_model.bin" in hub.files("alice/k", revision="dev")
-    (draft / "pytorch_model.bin").unlink()  # gone from the folder too: the mirror deletes it
-    report = push(draft, "alice/k", endpoint=hub.url)
+    report = push(draft, "alice/k", endpoint=hub.url, delete=["*.bin"])  # left out here: --delete spares it
+    assert report.plan.by_action("delete") == [] and "pytorch_model.bin" in hub.files("alice/k")
+    (draft / "pytorch_model.bin").unlink()  # gone from the folder too: --delete now deletes it
+    report = push(draft, "alice/k", endpoint=hub.url, delete=["*.bin"])
     assert [f.path for f in report.plan.by_action("delete")] == ["pytorch_model.bin"]
     assert "pytorch_model.bin" not in hub.files("alice/k")
 
@@ -295,7 +307,7 @@ def test_repo_changed_between_plan_and_commit_fails_cleanly(hub, tmp_path):
         push(draft, "alice/race", endpoint=hub.url)
     assert "again" in err.value.hint
     assert set(hub.files("alice/race")) == {".gitattributes", "other.txt"}
-    report = push(draft, "alice/race", endpoint=hub.url)  # re-planning deletes the stray file
+    report = push(draft, "alice/race", endpoint=hub.url, delete=["*"])  # re-planning sees the stray file
     assert [f.path for f in report.plan.by_action("delete")] == ["other.txt"]
     assert set(hub.files("alice/race")) == set(_bytes(draft)) | {".gitattributes"}
 
@@ -436,7 +448,8 @@ def test_real_convert_validate_and_push_against_a_hub_target(local_hub, tmp_path
                    and r.path.endswith(".safetensors")]
     assert target_gets and all(r.range for r in target_gets)  # the target's weights were never downloaded
     description = local_hub.commits("alice/tiny-dspark")[0]["description"]
-    assert '"command": "convert"' in description and str(tmp_path / "run") in description
+    assert '"command": "convert"' in description and '"name": "step_' in description
+    assert str(tmp_path) not in description  # provenance names folders, never where they lie
     assert set(local_hub.files("alice/tiny-dspark")) == {".gitattributes", "config.json", "model.safetensors",
                                                          "dsparkhub_provenance.json"}
 
@@ -597,3 +610,75 @@ def test_a_hub_target_is_read_from_the_push_endpoint(local_hub, tmp_path):
         api.upload_folder(folder_path=str(target), repo_id="alice/tgt")
         report = push(out, "alice/conv", endpoint=other.url, token=TOKEN, target="alice/tgt", dry_run=True)
     assert report.validation["ok"], report.validation
+
+
+# ---- hf upload semantics, release checks (issue 13) ------------------------------------------------------------
+
+
+def test_include_exclude_commit_message_and_token_follow_hf_upload(hub, tmp_path, monkeypatch):
+    draft = make_drafter(tmp_path / "draft")
+    (draft / "notes.txt").write_text("scratch")
+    monkeypatch.delenv("HF_TOKEN")
+    res = CliRunner().invoke(main, ["push", str(draft), "--repo", "alice/f", "--endpoint", hub.url, "--token", TOKEN,
+                                    "--exclude", "*.txt", "--commit-message", "release 1",
+                                    "--commit-description", "first cut"])
+    assert res.exit_code == 0, res.output
+    assert "notes.txt" not in hub.files("alice/f") and "config.json" in hub.files("alice/f")
+    commit = hub.commits("alice/f")[0]
+    assert commit["summary"] == "release 1" and commit["description"].startswith("first cut\n")
+    assert TOKEN not in res.output
+    report = push(draft, "alice/f", endpoint=hub.url, token=TOKEN, include=["notes.txt"])
+    assert [(f.path, f.action) for f in report.plan.changes] == [("notes.txt", "add")]
+    assert {f.path for f in report.plan.by_action("keep")} >= {"config.json", "README.md"}  # not pushed: kept
+    with pytest.raises(CheckpointNotFoundError, match="no file of the folder matches"):
+        push(draft, "alice/f", endpoint=hub.url, token=TOKEN, include=["*.nothing"])
+
+
+def test_create_pr_opens_a_pull_request_and_leaves_main_alone(hub, tmp_path):
+    draft = make_drafter(tmp_path / "draft")
+    push(draft, "alice/pr", endpoint=hub.url)
+    main_head = hub.head("alice/pr")
+    make_drafter(draft, seed=1)
+    report = push(draft, "alice/pr", endpoint=hub.url, create_pr=True)
+    assert report.pr_url == f"{hub.url}/alice/pr/discussions/1"
+    assert hub.head("alice/pr") == main_head  # main untouched
+    assert hub.files("alice/pr", revision="refs/pr/1")["config.json"] == (draft / "config.json").read_bytes()
+    res = CliRunner().invoke(main, ["push", str(draft), "--repo", "alice/pr", "--endpoint", hub.url, "--create-pr",
+                                    "--revision", "dev"])
+    assert res.exit_code == 2 and "--create-pr" in res.output
+
+
+def test_a_card_whose_serve_command_names_a_placeholder_or_a_local_path_is_refused(hub, tmp_path):
+    from dsparkhub.card import CardError
+
+    draft = make_drafter(tmp_path / "draft")
+    for model in ("drafter", "<your-namespace>/draft", str(draft)):
+        (draft / "README.md").write_text("# card\n\n```bash\nvllm serve Qwen/Qwen3-8B \\\n  --speculative-config "
+                                         f"'{{\"model\": \"{model}\", \"method\": \"dspark\"}}'\n```\n")
+        with pytest.raises(CardError, match="serve commands") as err:
+            push(draft, "alice/card", endpoint=hub.url, dry_run=True)
+        assert "--repo-id alice/card" in err.value.hint
+    assert hub.writes == []
+    (draft / "README.md").write_text("```bash\nvllm serve ./target --speculative-config '{\"model\": \"alice/card\"}'"
+                                     "\n```\n")
+    with pytest.raises(CardError, match="'./target' is a local path"):
+        push(draft, "alice/card", endpoint=hub.url, dry_run=True)
+    (draft / "README.md").write_text("```bash\nvllm serve Qwen/Qwen3-8B --speculative-config "
+                                     "'{\"model\": \"alice/card\"}'\n```\n")
+    assert push(draft, "alice/card", endpoint=hub.url).committed
+
+
+def test_a_hand_written_readme_on_the_hub_is_not_replaced_silently(hub, tmp_path):
+    from dsparkhub.card import CARD_MARKER, CardError
+
+    draft = make_drafter(tmp_path / "draft")
+    push(draft, "alice/hw", endpoint=hub.url)  # the Hub now holds the hand-written README
+    (draft / "README.md").write_text(f"# generated card\n\n{CARD_MARKER}\n")
+    with pytest.raises(CardError, match="did not write") as err:
+        push(draft, "alice/hw", endpoint=hub.url, dry_run=True)
+    assert "--delete README.md" in err.value.hint
+    assert hub.files("alice/hw")["README.md"].startswith(b"---\nlicense")
+    push(draft, "alice/hw", endpoint=hub.url, delete=["README.md"])  # said explicitly: replaced
+    assert CARD_MARKER.encode() in hub.files("alice/hw")["README.md"]
+    (draft / "README.md").write_text(f"# card, second version\n\n{CARD_MARKER}\n")
+    assert push(draft, "alice/hw", endpoint=hub.url).committed  # a card dsparkhub wrote is replaced freely

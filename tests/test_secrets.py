@@ -114,7 +114,8 @@ def test_token_never_printed_or_written_by_any_command(models, tmp_path, monkeyp
             rec.invoke(["inspect", run, "--json"], expect=0, debug=debug)
             rec.invoke(["validate", run, "--target", target], expect=0, debug=debug)
             rec.invoke(["validate", run, "--target", target, "--json"], expect=0, debug=debug)
-            rec.invoke(["convert", run, "--target", target, "--out", out, "--dry-run"], expect=0, debug=debug)
+            rec.invoke(["convert", run, "--target", target, "--out", out, "--dry-run", "--overwrite"], expect=0,
+                       debug=debug)
             rec.invoke(["convert", run, "--target", target, "--out", out, "--overwrite"], expect=0, debug=debug)
             # --force: the toy Qwen3 drafter is refused by DSH311 against a V4 target; this test is about secrets
             rec.invoke(["convert", models["attach_run"], "--attach", v4, "--out", attached, "--overwrite", "--force"],
@@ -125,8 +126,9 @@ def test_token_never_printed_or_written_by_any_command(models, tmp_path, monkeyp
             rec.invoke(["skeleton", "qwen3-8b", "--tiny", "--out", tmp_path / "skeleton", "--overwrite"], expect=0,
                        debug=debug)
             rec.invoke(["verify", out, "--target", target, "-n", "2", "--datasets", prompts, "--max-new-tokens",
-                        "6", "--out", results, "--quiet"], expect=0, debug=debug)
-            rec.invoke(["card", out, "--results", results, "--repo-id", "alice/tiny"], expect=0, debug=debug)
+                        "6", "--out", results, "--quiet", "--overwrite"], expect=0, debug=debug)
+            rec.invoke(["card", out, "--results", results, "--repo-id", "alice/tiny", "--base-model", "alice/base"],
+                       expect=0, debug=debug)
             rec.invoke(["push", out, "--repo", "alice/tiny", "--dry-run", "--endpoint", hub.url], expect=0,
                        debug=debug)
             rec.invoke(["push", out, "--repo", "alice/tiny", "--endpoint", hub.url, "--target", target], expect=0,

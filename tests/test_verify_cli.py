@@ -4,7 +4,9 @@ run with the real reference engine on the embedded example."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 import shutil
 
 import pytest
@@ -92,7 +94,11 @@ def test_run_verify_numbers(setup, tmp_path):
     assert fake.calls == [(None, 3), (2, 3), (3, 3)]  # configuration-outer
     assert not fake.closed  # a backend object passed in is the caller's to close
     assert res.method == "dspark" and res.lossless is True
-    assert res.drafter.fingerprint == checkpoint_fingerprint(draft) and res.target.id == str(target)
+    assert res.drafter.fingerprint == checkpoint_fingerprint(draft)
+    # local folders by name (plus fingerprint) and files by name plus hash: a results file names no local path
+    assert res.target.id == "target" and res.drafter.id == "draft"
+    assert res.datasets[0].source == f"ids.jsonl (sha256 {hashlib.sha256(prompts.read_bytes()).hexdigest()[:16]})"
+    assert str(tmp_path) not in out.read_text()
     (ds,) = res.datasets
     assert ds.name == "p" and ds.baseline.output_tokens == 15 and ds.baseline.tokens_per_s == pytest.approx(7.5)
     r2, r3 = ds.run(2), ds.run(3)
@@ -241,6 +247,38 @@ def test_results_path_is_checked_before_running(setup, tmp_path):
         runner.run_verify(draft, target, backend=backend, datasets=[str(prompts)], progress=False,
                           validate_fn=no_validate, out=tmp_path)
     assert backend.calls == []
+
+
+def test_results_path_must_be_new_and_writable_before_running(setup, tmp_path):
+    from dsparkhub.errors import OutputExistsError, OutputNotWritableError
+
+    draft, target, prompts = setup
+    backend = FakeBackend()
+    kwargs = dict(backend=backend, datasets=[str(prompts)], progress=False, validate_fn=no_validate,
+                  num_speculative_tokens=[2])
+    existing = tmp_path / "old.json"
+    existing.write_text("{}")
+    with pytest.raises(OutputExistsError, match="already exists") as err:
+        runner.run_verify(draft, target, out=existing, **kwargs)
+    assert "--overwrite" in err.value.hint and existing.read_text() == "{}" and backend.calls == []
+    # /proc takes no new files, not even from root (a chmod-ed folder would not stop root)
+    with pytest.raises(OutputNotWritableError, match="does not take new files"):
+        runner.run_verify(draft, target, out=Path("/proc/dsparkhub-test/r.json"), **kwargs)
+    assert backend.calls == []
+    runner.run_verify(draft, target, out=existing, overwrite=True, **kwargs)
+    assert VerifyResults.load(existing).settings.num_speculative_tokens == [2]
+
+
+def test_cli_verify_refuses_an_existing_results_file_unless_overwrite(setup, tmp_path, cli_fake):
+    draft, target, prompts = setup
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    args = ["verify", str(draft), "--target", str(target), "-n", "2", "--datasets", str(prompts), "--out", str(out),
+            "--quiet"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and "OutputExistsError" in res.output and cli_fake["kwargs"] is None  # not started
+    res = CliRunner().invoke(main, [*args, "--overwrite"])
+    assert res.exit_code == 0, res.output
 
 
 def test_method_of_a_run_folder_follows_step_latest(tmp_path):
@@ -457,7 +495,7 @@ def test_a_run_folder_is_measured_and_named_by_its_step(tmp_path):
     prompts.write_text(json.dumps({"prompt_token_ids": [1, 2]}) + "\n")
     res = runner.run_verify(run, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
                             validate_fn=no_validate, num_speculative_tokens=[2])
-    assert res.drafter.id == str(step.resolve()) and res.drafter.fingerprint == checkpoint_fingerprint(step)
+    assert res.drafter.id == "step_5" and res.drafter.fingerprint == checkpoint_fingerprint(step)
 
 
 def test_argument_errors_are_usage_errors(setup, tmp_path, cli_fake):
@@ -468,3 +506,20 @@ def test_argument_errors_are_usage_errors(setup, tmp_path, cli_fake):
         res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--datasets", str(prompts),
                                         "-n", "2", "--quiet", *extra])
         assert res.exit_code == 2 and "Usage" in res.output and "_ArgError" not in res.output, res.output
+
+
+def test_vllm_dspark_on_cpu_is_refused_before_the_baseline(setup, tmp_path, monkeypatch):
+    from dsparkhub.errors import EngineUnavailableError
+
+    draft, target, prompts = setup
+    monkeypatch.setattr(runner, "_cuda_available", lambda: False)
+    built = []
+    monkeypatch.setattr(runner, "make_backend", lambda name, **kw: built.append(name) or FakeBackend())
+    with pytest.raises(EngineUnavailableError, match="V2 GPU model runner") as err:
+        runner.run_verify(draft, target, backend="vllm", datasets=[str(prompts)], progress=False,
+                          validate_fn=no_validate, num_speculative_tokens=[2], out=tmp_path / "r.json")
+    assert built == [] and "--backend reference" in str(err.value) and not (tmp_path / "r.json").exists()
+    monkeypatch.setattr(runner, "_cuda_available", lambda: True)  # on a GPU node the engine decides
+    runner.run_verify(draft, target, backend="vllm", datasets=[str(prompts)], progress=False,
+                      validate_fn=no_validate, num_speculative_tokens=[2])
+    assert built == ["vllm"]

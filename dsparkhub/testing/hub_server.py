@@ -16,8 +16,12 @@ For tests it records every request (:class:`HubRequest`: method, path, whether i
 of the body, i.e. mid-upload), or a callable run before the request is served (to change the repo between a client's
 plan and its commit). Faults are count-limited.
 
-Deliberately not implemented: xet storage, multipart LFS uploads, pull requests, tags, datasets and spaces, pagination
-(one page), gated repos. Unknown routes answer 404 with a JSON error naming the route, so gaps show up loudly.
+Pull requests: a commit with ``create_pr=1`` opens ``refs/pr/N`` from its parent commit (the branch is left alone) and
+answers ``pullRequestUrl`` (``.../discussions/N``) as the Hub does; there is no discussion API.
+
+Deliberately not implemented: xet storage, multipart LFS uploads, discussions / PR merging, tags, datasets and spaces,
+pagination (one page), gated repos. Unknown routes answer 404 with a JSON error naming the route, so gaps show up
+loudly.
 """
 
 from __future__ import annotations
@@ -89,6 +93,8 @@ class _Repo:
     created: str
     branches: dict[str, str] = field(default_factory=dict)
     commits: dict[str, _Commit] = field(default_factory=dict)
+    #: pull requests by number -> head commit of their ref ``refs/pr/N`` (kept apart from the branches)
+    pulls: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -344,7 +350,9 @@ class LocalHub:
         """Every file of a branch (or commit) with its bytes."""
         with self._lock:
             repo = self._repos[repo_id]
-            tree = repo.commits[repo.branches.get(revision, revision)].tree
+            pr = re.fullmatch(r"refs/pr/(\d+)", revision)
+            oid = repo.pulls[int(pr.group(1))] if pr else repo.branches.get(revision, revision)
+            tree = repo.commits[oid].tree
             return {p: self._read(e) for p, e in tree.items()}
 
     def lfs_objects(self) -> set[str]:
@@ -361,12 +369,17 @@ class LocalHub:
         return repo
 
     def _commit(self, repo: _Repo, branch: str, tree: dict[str, _Entry], summary: str, description: str) -> str:
+        oid = self._commit_on(repo, repo.branches.get(branch), tree, summary, description)
+        repo.branches[branch] = oid
+        return oid
+
+    def _commit_on(self, repo: _Repo, parent: str | None, tree: dict[str, _Entry], summary: str,
+                   description: str) -> str:
+        """A commit with ``parent`` that no branch points at yet (pull requests keep their own refs)."""
         self._counter += 1
-        parent = repo.branches.get(branch)
         listing = "".join(f"{p} {e.blob_id}\n" for p, e in sorted(tree.items()))
         oid = hashlib.sha1(f"{parent}\n{listing}{summary}\n{self._counter}\n{time.time_ns()}".encode()).hexdigest()
         repo.commits[oid] = _Commit(oid, parent, dict(tree), summary, description, _now())
-        repo.branches[branch] = oid
         return oid
 
     def _store_git(self, data: bytes) -> str:
@@ -565,7 +578,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HttpError(403, f"You don't have the rights to write to the namespace {ns}")
 
     def _resolve(self, repo: _Repo, revision: str) -> _Commit:
-        oid = repo.branches.get(revision) or (revision if revision in repo.commits else None)
+        pr = re.fullmatch(r"refs/pr/(\d+)", revision)
+        oid = (repo.pulls.get(int(pr.group(1))) if pr else repo.branches.get(revision)) or (
+            revision if revision in repo.commits else None)
         if oid is None:
             raise _HttpError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
         return repo.commits[oid]
@@ -614,7 +629,9 @@ class _Handler(BaseHTTPRequestHandler):
             repo = self._repo(ns, name, user)
             return 200, {"branches": [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": oid}
                                       for b, oid in sorted(repo.branches.items())],
-                         "converts": [], "tags": [], "pullRequests": []}, {}
+                         "converts": [], "tags": [],
+                         "pullRequests": [{"name": f"refs/pr/{n}", "ref": f"refs/pr/{n}", "targetCommit": oid}
+                                          for n, oid in sorted(repo.pulls.items())]}, {}
         if method == "GET" and len(rest) >= 2 and rest[0] == "tree":
             repo = self._repo(ns, name, user)
             recursive = self._query.get("recursive", ["False"])[0].lower() in ("1", "true")
@@ -743,8 +760,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _commit(self, ns: str, name: str, revision: str, user: str | None):
         repo = self._repo(ns, name, user, write=True)
-        if self._query.get("create_pr"):
-            raise _HttpError(400, "LocalHub does not support pull requests")
+        create_pr = self._query.get("create_pr", ["0"])[0] in ("1", "true", "True")
         if revision not in repo.branches:
             raise _HttpError(404, f"Invalid rev id: {revision} (commits go to a branch)", "RevisionNotFound")
         try:
@@ -756,7 +772,11 @@ class _Handler(BaseHTTPRequestHandler):
         header = lines[0]["value"]
         head = repo.branches[revision]
         parent = header.get("parentCommit")
-        if parent is not None and parent != head:
+        if create_pr:  # the Hub opens the PR from parentCommit (else the head) and leaves the branch alone
+            if parent is not None and parent not in repo.commits:
+                raise _HttpError(400, f"parent commit {parent} does not exist")
+            head = parent or head
+        elif parent is not None and parent != head:
             raise _HttpError(412, f"A commit has happened since. Please refresh and try again. "
                                   f"(parent {parent}, head of {revision} is {head})")
         tree = dict(repo.commits[head].tree)
@@ -783,7 +803,15 @@ class _Handler(BaseHTTPRequestHandler):
                     del tree[p]
             else:
                 raise _HttpError(400, f"unknown commit operation {key!r}")
-        oid = self.hub._commit(repo, revision, tree, str(header.get("summary", "")), str(header.get("description", "")))
+        summary, description = str(header.get("summary", "")), str(header.get("description", ""))
+        if create_pr:
+            number = len(repo.pulls) + 1
+            oid = self.hub._commit_on(repo, head, tree, summary, description)
+            repo.pulls[number] = oid
+            return 200, {"success": True, "commitOid": oid, "hookOutput": "",
+                         "commitUrl": f"{self.hub.url}/{repo.repo_id}/commit/{oid}",
+                         "pullRequestUrl": f"{self.hub.url}/{repo.repo_id}/discussions/{number}"}, {}
+        oid = self.hub._commit(repo, revision, tree, summary, description)
         return 200, {"success": True, "commitOid": oid, "commitUrl": f"{self.hub.url}/{repo.repo_id}/commit/{oid}",
                      "hookOutput": ""}, {}
 

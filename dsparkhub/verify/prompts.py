@@ -144,7 +144,9 @@ def builtin_path(name: str) -> Path:
 def fetch_hub_file(spec: str) -> tuple[Path, str]:
     """Download ``owner/name[:path/in/repo.jsonl]`` from a Hub dataset repo; returns (local path, file name).
 
-    Without a file, the repo's single ``*.jsonl`` file is used.
+    Without a file, the repo's single ``*.jsonl`` file is used. A file already in the HF cache is read from it
+    without a request; otherwise one probe of the endpoint decides first whether the Hub is reachable, so an
+    offline machine fails in seconds instead of after huggingface_hub's retries.
 
     Raises:
         PromptFileError: no network / offline mode and nothing cached, the repo holds no or several JSONL files,
@@ -160,6 +162,14 @@ def fetch_hub_file(spec: str) -> tuple[Path, str]:
         raise PromptFileError(f"hub dataset spec {spec!r}: expected hub:owner/name[:path/in/repo.jsonl]")
     offline_hint = ("this machine cannot reach the Hub (or HF_HUB_OFFLINE=1 is set); download the JSONL file on a "
                     "machine with internet and pass its path instead")
+    if filename:  # downloaded before: the HF cache answers without a request, online or not
+        try:
+            return Path(hf_hub_download(repo, filename, repo_type="dataset", local_files_only=True)), filename
+        except LocalEntryNotFoundError:
+            pass
+    unreachable = _hub_unreachable()
+    if unreachable:  # one probe instead of huggingface_hub's retries with backoff (~40 s) on every request
+        raise PromptFileError(f"cannot fetch hub:{repo}:{filename or '<jsonl>'}: {unreachable}", hint=offline_hint)
     try:
         if not filename:
             files = [f for f in list_repo_files(repo, repo_type="dataset") if f.endswith(".jsonl")]
@@ -176,6 +186,21 @@ def fetch_hub_file(spec: str) -> tuple[Path, str]:
     except (HfHubHTTPError, httpx2.TransportError) as exc:  # TransportError: no route, DNS, timeouts
         raise PromptFileError(f"cannot fetch hub:{repo}:{filename or '<jsonl>'}: {exc}", hint=offline_hint) from exc
     return Path(local), filename
+
+
+def _hub_unreachable(timeout_s: float = 5.0) -> str | None:
+    """Why the Hub cannot be reached now (offline mode, or one HEAD of the endpoint failing at the transport level
+    within ``timeout_s``), or None when it answered (any HTTP status)."""
+    import httpx2
+    from huggingface_hub import constants, get_session, is_offline_mode
+
+    if is_offline_mode():
+        return "huggingface_hub offline mode is on (HF_HUB_OFFLINE=1) and the file is not in the HF cache"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout_s, follow_redirects=False)
+    except httpx2.TransportError as exc:
+        return f"the Hub at {constants.ENDPOINT} did not answer ({type(exc).__name__}: {exc})"
+    return None
 
 
 # ---- specs ------------------------------------------------------------------------------------------------------
@@ -224,7 +249,8 @@ def parse_dataset_specs(specs: str | list[str] | tuple[str, ...] | None) -> list
 
 
 def read_spec(spec: str) -> tuple[list[PromptRecord], str]:
-    """Read the records a spec points at; returns (records, source string for the results file)."""
+    """Read the records a spec points at; returns (records, source string for the results file: the spec for
+    ``builtin:`` / ``hub:``, the file name and the first 16 hex digits of its sha256 for a local file)."""
     if spec.startswith("builtin:"):
         return read_jsonl(builtin_path(spec.split(":", 1)[1]), source=spec), spec
     if spec.startswith("hub:"):
@@ -232,7 +258,11 @@ def read_spec(spec: str) -> tuple[list[PromptRecord], str]:
         repo = spec[4:].split(":", 1)[0]
         source = f"hub:{repo}:{filename}"
         return read_jsonl(local, source=source), source
-    return read_jsonl(spec), str(spec)
+    from ..hashing import sha256_file
+
+    records = read_jsonl(spec)
+    # a local file is recorded by its name and content hash: results and cards never publish local paths
+    return records, f"{Path(spec).name} (sha256 {sha256_file(spec)[:16]})"
 
 
 # ---- tokenizing -------------------------------------------------------------------------------------------------
@@ -316,6 +346,7 @@ def load_datasets(specs, target: str | Path | None, *, max_prompts: int | None =
             try:
                 prompts.append(tokenize(rec, tokenizer))
             except PromptFileError as exc:
-                raise PromptFileError(f"{source}: {exc.message}", hint=exc.hint) from None
+                shown = source if spec.startswith(("builtin:", "hub:")) else spec  # errors name the local path
+                raise PromptFileError(f"{shown}: {exc.message}", hint=exc.hint) from None
         out.append(Dataset(name=name, source=source, prompts=prompts, texts=[r.text for r in records]))
     return out

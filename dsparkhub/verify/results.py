@@ -28,9 +28,10 @@ method                                     str                  ``dspark`` | ``d
 engine.backend                             str                  ``reference`` | ``vllm`` | ``vllm-serve``
 engine.version                             str                  engine version (``vllm 0.32.0``)
 engine.device                              str                  what ran it, in words (``cpu (2 threads)``)
-target.id                                  str                  target folder path or Hub repo id
+target.id                                  str                  Hub repo id (a local folder's, when known), else the
+                                                                folder's name; never an absolute local path
 target.fingerprint                         str | null           :func:`target_fingerprint` of a local target
-drafter.id                                 str                  drafter folder path or Hub repo id
+drafter.id                                 str                  drafter folder name (or Hub repo / served name)
 drafter.fingerprint                        str | null           ``dsparkhub.hashing.checkpoint_fingerprint``
 settings.batch_size                        int                  always 1
 settings.temperature                       float                sampling temperature (0 = greedy)
@@ -42,7 +43,8 @@ settings.max_model_len                     int | null           engine context l
 settings.compilation_config                dict | null          vLLM compilation config (``null`` = engine default)
 settings.confidence_threshold              float | null         proposal truncation threshold (reference engine)
 datasets[].name                            str                  dataset name (file stem or given name)
-datasets[].source                          str                  where the prompts came from (path, ``builtin:x``)
+datasets[].source                          str                  where the prompts came from (``name.jsonl (sha256
+                                                                0123..)``, ``builtin:x``, ``hub:o/n:file``)
 datasets[].baseline.{prompts,output_tokens,wall_s,tokens_per_s}  the run without the drafter
 datasets[].runs[].num_speculative_tokens   int                  n
 datasets[].runs[].prompts                  int                  prompts generated

@@ -25,9 +25,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..errors import (CheckpointFormatError, DsparkhubError, EngineUnavailableError, ValidationFailedError,
-                      VerifyError)
+from ..errors import (CheckpointFormatError, DsparkhubError, EngineUnavailableError, OutputExistsError,
+                      OutputNotWritableError, ValidationFailedError, VerifyError)
 from ..hashing import checkpoint_fingerprint
+from ..target import public_name
 from .results import METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results, target_fingerprint
 from .stats import Backend, RunStats
 
@@ -218,7 +219,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
                device: str | None = None, tensor_parallel_size: int = 1, max_model_len: int | None = None,
                compilation_config: dict | None = None, confidence_threshold: float | None = None,
                server_url: str | None = None, baseline_url: str | None = None, out: str | Path | None = None,
-               progress: bool = True,
+               overwrite: bool = False, progress: bool = True,
                check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
                validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None) -> VerifyResults:
     """Verify a drafter against its target and return (and optionally save) the results.
@@ -238,7 +239,9 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         device, tensor_parallel_size, max_model_len, compilation_config, confidence_threshold, server_url,
         baseline_url:
             engine settings (see :func:`make_backend`), recorded in the results.
-        out: write the results file here (atomically), also when the run is not lossless.
+        out: write the results file here (atomically), also when the run is not lossless; checked before
+            anything runs (:func:`check_results_path`).
+        overwrite: replace an existing results file ``out``.
         progress: show tqdm bars on stderr.
         check: run ``dsparkhub.validate`` first (skip only for engines that do their own checks).
         raise_on_mismatch: raise :class:`LosslessMismatchError` after saving when a run is not lossless.
@@ -257,6 +260,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         PromptFileError: a dataset cannot be read or tokenized.
         EngineUnavailableError / VerifyError: the engine is missing, refused or crashed.
         LosslessMismatchError: greedy outputs differ (after ``out`` was written).
+        OutputExistsError / OutputNotWritableError: ``out`` exists (without ``overwrite``) or cannot be written.
     """
     ns = sorted(set(int(n) for n in num_speculative_tokens))
     if not ns or ns[0] < 1 or len(ns) != len(list(num_speculative_tokens)):
@@ -295,6 +299,10 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     if out is not None and Path(out).parent.exists() and not Path(out).parent.is_dir():
         raise VerifyArgumentError(f"--out {out}: {Path(out).parent} is a file, not a folder",
                                   hint="give a path in an existing (or new) folder")
+    if out is not None:
+        check_results_path(out, overwrite=overwrite)
+    if backend == "vllm":
+        refuse_dspark_without_gpu(method)
     noted: list[str] = []  # stored in the results file as `warnings`, and passed on to `warn`
 
     def note(line: str) -> None:
@@ -338,8 +346,10 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
 
     results = build_results(
         engine=info, method=method,
-        target=ModelRef(id=target, fingerprint=target_fingerprint(target)),
-        drafter=ModelRef(id=draft, fingerprint=checkpoint_fingerprint(draft) if Path(draft).is_dir() else None),
+        # local folders are named by Hub id (target) or folder name plus fingerprint, never by local path
+        target=ModelRef(id=public_name(target), fingerprint=target_fingerprint(target)),
+        drafter=ModelRef(id=Path(draft).resolve().name if Path(draft).is_dir() else draft,
+                         fingerprint=checkpoint_fingerprint(draft) if Path(draft).is_dir() else None),
         settings=Settings(temperature=float(temperature), max_new_tokens=max_new_tokens, seed=seed,
                           num_speculative_tokens=ns, tensor_parallel_size=tensor_parallel_size,
                           max_model_len=max_model_len, compilation_config=compilation_config,
@@ -351,6 +361,60 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     if raise_on_mismatch and results.lossless is False:
         raise results.lossless_error()
     return results
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def refuse_dspark_without_gpu(method: str | None) -> None:
+    """Refuse ``--backend vllm`` for a DSpark drafter on a machine without a CUDA GPU before anything runs.
+
+    vLLM 0.32 implements DSpark only in its V2 GPU model runner (``config/vllm.py`` refuses it under the V1 runner,
+    which is the only one the CPU build has), so the engine would refuse at the first drafter run, after the whole
+    baseline had been generated. DFlash / EAGLE-3 are left to vLLM.
+
+    Raises:
+        EngineUnavailableError: ``method`` is ``dspark`` and torch sees no CUDA device; the message is the same
+            paragraph (what, why, what to do) vLLM's own refusal gets.
+    """
+    if method != "dspark" or _cuda_available():
+        return
+    from .vllm_backend import refusal_paragraph
+
+    raise EngineUnavailableError(refusal_paragraph(
+        "Model Runner V1 does not support DSpark (no CUDA device here; refused before the baseline ran)",
+        method=method, what="vLLM on this machine"))
+
+
+def check_results_path(out: str | Path, *, overwrite: bool = False) -> None:
+    """Make sure the results file can be written before a run of minutes (or hours) starts.
+
+    ``out`` must not exist unless ``overwrite``; its folder (or the nearest existing folder above it, where
+    ``save`` will create the rest) must take a new file: a temporary file is created there and removed.
+
+    Raises:
+        OutputExistsError: ``out`` exists and ``overwrite`` is False.
+        OutputNotWritableError: the folder does not take new files (read-only, no permission).
+    """
+    import tempfile
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise OutputExistsError(f"results file {out} already exists", path=out,
+                                hint="pass --overwrite to replace it, or choose another --out")
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        with tempfile.NamedTemporaryFile(prefix=f".{out.name}.", suffix=".probe", dir=folder or "."):
+            pass
+    except OSError as exc:
+        raise OutputNotWritableError(f"cannot write the results file {out}: {folder} does not take new files "
+                                     f"({exc.strerror or exc})", path=out,
+                                     hint="choose an --out in a folder you can write to") from None
 
 
 class VerifyArgumentError(DsparkhubError, ValueError):
