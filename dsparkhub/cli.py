@@ -637,6 +637,35 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, dtyp
         sys.exit(1)
 
 
+# ---- sglang-check ------------------------------------------------------------------------------------------------
+
+
+@main.command("sglang-check")
+@click.argument("draft", type=click.Path(exists=True, file_okay=False))
+@click.option("--target", required=True, help="Target: local HF folder (SGLang reads its config.json).")
+@click.option("--algorithm", type=click.Choice(["DSPARK", "DFLASH"]),
+              help="SGLang --speculative-algorithm (default: DSPARK for a Markov-head drafter, else DFLASH).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@handle_errors
+def sglang_check(draft: str, target: str, algorithm: str | None, as_json: bool) -> None:
+    """Run SGLang 0.5.23's own checks of a drafter on CPU from .venv-sglang (scripts/setup_sglang.sh): server-argument
+    resolution and draft-config parsing, load_weights, engine. Exit 1 on failure (the engine stage is refused on CPU:
+    SGLang serves DSpark on CUDA / NPU / XPU only)."""
+    from .verify.sglang_checks import check_with_sglang
+
+    report = check_with_sglang(draft, target, algorithm=algorithm)
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        click.echo(f"{report.draft}  (SGLang {report.sglang_version}, --speculative-algorithm {report.algorithm})")
+        for s in report.stages:
+            click.echo(f"  {s.name:<13} {s.status:<8} {s.message}")
+            for name in s.details.get("missing", [])[:20]:
+                click.echo(f"      missing: {name}")
+    if not report.ok:
+        sys.exit(1)
+
+
 # ---- quickstart (lead) ------------------------------------------------------------------------------------------
 
 
