@@ -240,12 +240,15 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
                    "proposes a different number of tokens per block (recorded in provenance).")
 @click.option("--attach", "attach_to", type=click.Path(), help="Write OUT = this DeepSeek-V4-style target folder "
               "with the drafter attached (mtp.* shards, dspark_* keys); target shards are hard-linked, not rewritten.")
+@click.option("--attach-as", type=click.Choice(["mtp", "dspark-subfolder"]), default="mtp", show_default=True,
+              help="With --attach: `mtp` = the DeepSeek-V4 form (mtp.* shards, dspark_* keys); `dspark-subfolder` = "
+                   "any target with the converted drafter under dspark/, which SGLang 0.5.23 finds by itself.")
 @click.option("--symlink", "link", flag_value="symlink", help="With --attach: symlink the target's files.")
 @click.option("--copy", "link", flag_value="copy", help="With --attach: copy the target's files.")
 @click.option("--allow-pickle", is_flag=True, help=_ALLOW_PICKLE_HELP)
 @handle_errors
 def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max_shard_size, dry_run, as_json,
-            draft_vocab, draft_vocab_from, declare_block_layout, attach_to, link, allow_pickle):
+            draft_vocab, draft_vocab_from, declare_block_layout, attach_to, attach_as, link, allow_pickle):
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
     from .convert import convert as run_convert, plan_conversion
 
@@ -255,6 +258,18 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
         if draft_vocab:
             raise click.UsageError("--draft-vocab is for standalone outputs: an attached V4 drafter shares the "
                                    "target's LM head")
+        if attach_as == "dspark-subfolder":
+            from .attach_subfolder import attach_subfolder
+
+            r = attach_subfolder(src, attach_to, out, layout=layout, link=link or "auto", overwrite=overwrite,
+                                 force=force, max_shard_bytes=max_shard_size)
+            if as_json:
+                echo_json({"out": str(r.out), "linked": r.linked, "draft_files": r.draft_files, "notes": r.notes})
+                return
+            click.echo(f"attached {src} as {r.out}/dspark ({len(r.linked)} target file(s) linked; "
+                       f"{', '.join(r.draft_files)}); SGLang finds it without --speculative-draft-model-path, "
+                       f"vLLM with \"model\": \"{r.out}/dspark\"")
+            return
         _attach(src, attach_to, out, layout=layout, link=link or "auto", overwrite=overwrite, force=force,
                 max_shard_size=max_shard_size, as_json=as_json)
         return
@@ -641,16 +656,17 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, dtyp
 
 
 @main.command("sglang-check")
-@click.argument("draft", type=click.Path(exists=True, file_okay=False))
+@click.argument("draft", type=click.Path(exists=True, file_okay=False), required=False)
 @click.option("--target", required=True, help="Target: local HF folder (SGLang reads its config.json).")
 @click.option("--algorithm", type=click.Choice(["DSPARK", "DFLASH"]),
               help="SGLang --speculative-algorithm (default: DSPARK for a Markov-head drafter, else DFLASH).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
-def sglang_check(draft: str, target: str, algorithm: str | None, as_json: bool) -> None:
+def sglang_check(draft: str | None, target: str, algorithm: str | None, as_json: bool) -> None:
     """Run SGLang 0.5.23's own checks of a drafter on CPU from .venv-sglang (scripts/setup_sglang.sh): server-argument
-    resolution and draft-config parsing, load_weights, engine. Exit 1 on failure (the engine stage is refused on CPU:
-    SGLang serves DSpark on CUDA / NPU / XPU only)."""
+    resolution and draft-config parsing, load_weights, engine. Without DRAFT, SGLang finds the drafter in the target
+    (dspark_* keys or a dspark/ subfolder). Exit 1 on failure (the engine stage is refused on CPU: SGLang serves
+    DSpark on CUDA / NPU / XPU only)."""
     from .verify.sglang_checks import check_with_sglang
 
     report = check_with_sglang(draft, target, algorithm=algorithm)

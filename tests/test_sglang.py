@@ -185,3 +185,45 @@ def test_sglang_check_reports_a_missing_tensor_sglang_is_silent_about(example, c
     assert lw.status == "failed"
     assert lw.details["missing"] == ["layers.1.mlp.down_proj.weight"]
     assert lw.details["dropped_silently"] == ["d2t"]
+
+
+# ------------------------------------------------------------------------------ item 1: dspark/ subfolder attach
+
+
+def test_attach_as_dspark_subfolder_links_the_target_and_converts_the_drafter(models, tmp_path):
+    from dsparkhub.attach_subfolder import attach_subfolder
+
+    target, step = models
+    r = attach_subfolder(step, target, tmp_path / "out")
+    out = tmp_path / "out"
+    assert set(r.linked) == {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()}
+    assert (out / "config.json").read_bytes() == (target / "config.json").read_bytes()  # target config untouched
+    assert os.path.samefile(out / "model.safetensors", target / "model.safetensors")  # hard-linked, not rewritten
+    cfg = json.loads((out / "dspark" / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3DSparkModel"] and "dflash_config" in cfg
+    assert "model.safetensors" in r.draft_files
+
+
+def test_attach_as_dspark_subfolder_refuses_a_target_that_has_one(models, tmp_path):
+    from dsparkhub.attach_subfolder import attach_subfolder
+    from dsparkhub.errors import ConversionRefusedError
+
+    target, step = models
+    attach_subfolder(step, target, tmp_path / "once")
+    with pytest.raises(ConversionRefusedError, match="dspark/ subfolder"):
+        attach_subfolder(step, tmp_path / "once", tmp_path / "twice")
+    assert not (tmp_path / "twice").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
+def test_sglang_finds_the_dspark_subfolder_without_a_draft_path(example, tmp_path):
+    from dsparkhub.attach_subfolder import attach_subfolder
+
+    _sglang_python()
+    attach_subfolder(example.deepspec_run, example.target, tmp_path / "t")
+    report = check_with_sglang(None, tmp_path / "t")
+    assert report.ok, report.to_dict()
+    cfg = report.stage("config").details
+    assert cfg["draft_path_given"] is False
+    assert Path(cfg["speculative_draft_model_path"]) == (tmp_path / "t" / "dspark").resolve()

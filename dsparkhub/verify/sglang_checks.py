@@ -107,12 +107,14 @@ def sglang_algorithm(config: dict) -> str:
     return "DFLASH"
 
 
-def check_with_sglang(draft: str | Path, target: str | Path, *, algorithm: str | None = None,
+def check_with_sglang(draft: str | Path | None, target: str | Path, *, algorithm: str | None = None,
                       timeout_s: float = 900.0, python: str | Path | None = None) -> SglangCheckReport:
     """Run SGLang's config, weight-loading and server-argument checks on a drafter, in ``.venv-sglang``.
 
     Args:
-        draft: drafter folder (``config.json`` + safetensors).
+        draft: drafter folder (``config.json`` + safetensors); None passes no ``--speculative-draft-model-path``
+            and lets SGLang find the drafter in the target (bundled ``dspark_*`` keys, or a ``dspark/`` subfolder:
+            ``convert --attach T --attach-as dspark-subfolder``); algorithm then defaults to DSPARK.
         target: target folder (SGLang reads its ``config.json``; a ``dspark/`` subfolder there is how SGLang finds a
             drafter without ``--speculative-draft-model-path``).
         algorithm: ``"DSPARK"`` / ``"DFLASH"``; None picks it from the drafter's config (:func:`sglang_algorithm`).
@@ -128,8 +130,8 @@ def check_with_sglang(draft: str | Path, target: str | Path, *, algorithm: str |
         EngineUnavailableError: no ``.venv-sglang`` (run ``bash scripts/setup_sglang.sh``).
         VerifyError: the child crashed or timed out (exit status and log tail in the message).
     """
-    draft_path = Path(draft).expanduser().resolve()
-    if not (draft_path / "config.json").is_file():
+    draft_path = Path(draft).expanduser().resolve() if draft is not None else None
+    if draft_path is not None and not (draft_path / "config.json").is_file():
         raise CheckpointNotFoundError(f"drafter folder {draft_path} has no config.json", path=draft_path)
     target_str = str(Path(target).expanduser().resolve()) if Path(target).expanduser().exists() else str(target)
     interpreter = Path(python) if python else find_sglang_python()
@@ -138,19 +140,21 @@ def check_with_sglang(draft: str | Path, target: str | Path, *, algorithm: str |
             "SGLang is not installed: no .venv-sglang/bin/python here or in the dsparkhub source tree "
             "(and DSPARKHUB_SGLANG_PYTHON is unset); build it with `bash scripts/setup_sglang.sh`")
     if algorithm is None:
-        algorithm = sglang_algorithm(json.loads((draft_path / "config.json").read_text()))
+        algorithm = sglang_algorithm(json.loads((draft_path / "config.json").read_text())) if draft_path else "DSPARK"
+    what = f"drafter {draft_path}" if draft_path else f"the drafter SGLang finds in {target_str}"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONNOUSERSITE": "1",
            "SGLANG_RAGGED_VERIFY_MODE": "static"}
     env.pop("PYTHONPATH", None)  # the child imports only sglang's venv, never this environment's packages
     try:
-        proc = subprocess.run([str(interpreter), str(_CHILD), str(draft_path), target_str, algorithm],
+        proc = subprocess.run([str(interpreter), str(_CHILD), str(draft_path) if draft_path else "-", target_str,
+                               algorithm],
                               capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired as exc:
-        raise VerifyError(f"SGLang's checks of drafter {draft_path} did not finish in {timeout_s:.0f} s",
-                          path=draft_path) from exc
+        raise VerifyError(f"SGLang's checks of {what} did not finish in {timeout_s:.0f} s",
+                          path=draft_path or target_str) from exc
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(_MARK)), None)
     if proc.returncode != 0 or line is None:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise VerifyError(f"SGLang's checks of drafter {draft_path} crashed (exit {proc.returncode}); "
-                          f"{interpreter} said:\n{tail}", path=draft_path)
+        raise VerifyError(f"SGLang's checks of {what} crashed (exit {proc.returncode}); "
+                          f"{interpreter} said:\n{tail}", path=draft_path or target_str)
     return SglangCheckReport.from_dict(json.loads(line[len(_MARK):]))

@@ -10,7 +10,7 @@ Stages (SGLang file:line in the 0.5.23 wheel):
    speculative_draft_model_path=DRAFT, device="cuda").resolve_once()``: SGLang's own server-argument resolution as a
    GPU node runs it (``arg_groups/speculative_hook.py:666`` ``_handle_dspark``: reads the draft checkpoint config
    through ``dspark_config.read_draft_checkpoint_config``, sets ``speculative_num_draft_tokens`` = γ + 1 at
-   ``:823-838``); then ``hf_transformers_utils.get_config`` on the drafter, ``ModelRegistry.resolve_model_cls`` on
+   ``:824-838``); then ``hf_transformers_utils.get_config`` on the drafter, ``ModelRegistry.resolve_model_cls`` on
    its architectures, ``dspark_config.parse_dspark_draft_config`` (``:215``; DFlash:
    ``dflash_utils.parse_dflash_draft_config``, ``:588``) and, for DSpark, ``dspark_config.resolve_runtime_config``
    with the target's vocab (mask token inside the target vocab, ``:110-121``).
@@ -126,7 +126,9 @@ def _stage(name, fn):
     return result
 
 
-def _server_args(draft: str, target: str, algorithm: str, device: str):
+def _server_args(draft: str | None, target: str, algorithm: str, device: str):
+    """SGLang's ServerArgs; ``draft`` None leaves --speculative-draft-model-path unset (SGLang looks for the
+    bundled dspark_* keys, then a ``dspark/`` subfolder: speculative_hook.py:720-755)."""
     from sglang.srt.server_args import ServerArgs
 
     return ServerArgs(model_path=target, speculative_algorithm=algorithm, speculative_draft_model_path=draft,
@@ -154,7 +156,12 @@ def config_stage(draft: str, target: str, algorithm: str, holder: dict) -> dict:
     args.resolve_once()
     view = resolved_view(args)
     details = {"algorithm": algorithm, "speculative_num_draft_tokens": view.speculative_num_draft_tokens,
-               "speculative_num_steps": view.speculative_num_steps}
+               "speculative_num_steps": view.speculative_num_steps,
+               "draft_path_given": draft is not None,
+               "speculative_draft_model_path": view.speculative_draft_model_path}
+    if draft is None:
+        draft = str(view.speculative_draft_model_path)
+    holder["draft"] = draft
     cfg = get_config(draft, trust_remote_code=False)
     target_cfg = get_config(target, trust_remote_code=False)
     archs = list(getattr(cfg, "architectures", None) or [])
@@ -217,11 +224,11 @@ def _param_for(name: str):
     return base, None, None
 
 
-def load_weights_stage(draft: str, holder: dict) -> dict:
+def load_weights_stage(holder: dict) -> dict:
     import torch
 
     cfg, cls = holder["cfg"], holder["cls"]
-    tensors = _read_tensors(draft)
+    tensors = _read_tensors(holder["draft"])
     builds = [("static", _build_and_load(cls, cfg, tensors))]
     if getattr(cfg, "enable_confidence_head", False) and any(n.startswith("confidence_head.") for n in tensors):
         os.environ["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
@@ -284,7 +291,7 @@ def load_weights_stage(draft: str, holder: dict) -> dict:
                        f"compared bit-exact" + (f"; {len(shared)} shared from the target" if shared else "")}
 
 
-def engine_stage(draft: str, target: str, algorithm: str) -> dict:
+def engine_stage(draft: str | None, target: str, algorithm: str) -> dict:
     try:
         _server_args(draft, target, algorithm, "cpu").resolve_once()
     except ValueError as exc:
@@ -295,7 +302,7 @@ def engine_stage(draft: str, target: str, algorithm: str) -> dict:
             "details": {"device": "cpu"}}
 
 
-def run(draft: str, target: str, algorithm: str) -> dict:
+def run(draft: str | None, target: str, algorithm: str) -> dict:
     """All three stages; returns the JSON-serialisable report (see dsparkhub.verify.sglang_checks)."""
     import importlib.metadata
 
@@ -309,18 +316,19 @@ def run(draft: str, target: str, algorithm: str) -> dict:
                        "message": f"SGLang resolved {holder['cls'].__name__}; this check builds only the dense "
                                   "DSpark / DFlash draft classes (models/dspark.py, models/dflash.py) on CPU"})
     else:
-        stages.append(_stage("load_weights", lambda: load_weights_stage(draft, holder)))
+        stages.append(_stage("load_weights", lambda: load_weights_stage(holder)))
     stages.append(_stage("engine", lambda: engine_stage(draft, target, algorithm)))
-    return {"draft": draft, "target": target, "algorithm": algorithm,
+    return {"draft": holder.get("draft", draft), "target": target, "algorithm": algorithm,
             "sglang_version": importlib.metadata.version("sglang"), "stages": stages}
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 4:
-        print("usage: sglang_child.py DRAFT TARGET DSPARK|DFLASH", file=sys.stderr)
+        print("usage: sglang_child.py DRAFT|- TARGET DSPARK|DFLASH   (- lets SGLang find the drafter)",
+              file=sys.stderr)
         return 2
     install_placeholder()
-    report = run(argv[1], argv[2], argv[3])
+    report = run(None if argv[1] == "-" else argv[1], argv[2], argv[3])
     sys.stdout.write("\n@@DSPARKHUB-REPORT@@" + json.dumps(report) + "\n")
     return 0
 
