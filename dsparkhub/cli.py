@@ -519,13 +519,15 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
 @click.option("--base-model", help="Target repo id for the card's base_model (default: from provenance/results).")
 @click.option("--repo-id", help="This drafter's Hub repo id (NS/NAME), used in the serve commands.")
 @click.option("--overwrite", is_flag=True, help="Replace a README.md that dsparkhub did not write.")
+@click.option("--checks", "check_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="`vllm-check --json` / `sglang-check --json` report: the card says which engines' checks passed.")
 @handle_errors
-def card(draft, results_paths, template, license_, base_model, repo_id, overwrite) -> None:
+def card(draft, results_paths, template, license_, base_model, repo_id, overwrite, check_paths) -> None:
     """Write README.md (model card) and plots into the drafter folder from verify results files."""
     from .card import write_card
 
     out = write_card(draft, list(results_paths), template=template, license=license_, base_model=base_model,
-                     repo_id=repo_id, overwrite=overwrite)
+                     repo_id=repo_id, overwrite=overwrite, checks=list(check_paths))
     click.echo(f"wrote {out.readme}")
     for p in out.plots:
         click.echo(f"wrote {p}")

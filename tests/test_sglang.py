@@ -227,3 +227,57 @@ def test_sglang_finds_the_dspark_subfolder_without_a_draft_path(example, tmp_pat
     cfg = report.stage("config").details
     assert cfg["draft_path_given"] is False
     assert Path(cfg["speculative_draft_model_path"]) == (tmp_path / "t" / "dspark").resolve()
+
+
+# -------------------------------------------------------------------------------------------- item 4: the card
+
+
+@pytest.mark.parametrize("method, flag, block", [("dspark", "--speculative-dspark-block-size 5", 5),
+                                                  ("dflash", "--speculative-dflash-block-size 6", 6)])
+def test_sglang_launch_spells_gamma_against_gamma_plus_one(method, flag, block):
+    from dsparkhub.card_engines import sglang_launch
+
+    s = sglang_launch(method, 5, target="Qwen/Qwen3-8B", model="me/d", tensor_parallel_size=8, max_model_len=20000)
+    assert s["cli"].split(" \\\n  ") == ["python -m sglang.launch_server --model-path Qwen/Qwen3-8B",
+                                         f"--speculative-algorithm {method.upper()}",
+                                         "--speculative-draft-model-path me/d", flag, "--tp-size 8",
+                                         "--context-length 20000"]
+    assert (s["block_size"], s["num_draft_tokens"]) == (block, 6)  # SGLang verifies n + 1 tokens either way
+    assert sglang_launch("eagle3", 5, target="t", model="m") is None
+
+
+def test_card_gives_the_sglang_command_and_the_engine_checks(tmp_path):
+    from test_card import make_drafter, make_results
+
+    from dsparkhub.card import write_card
+
+    draft = make_drafter(tmp_path / "d")
+    results = make_results(draft, tmp_path / "r.json")
+    vllm = tmp_path / "vllm.json"
+    vllm.write_text(json.dumps({"vllm_version": "0.32.0", "ok": True, "stages": [
+        {"name": "config", "status": "passed"}, {"name": "load_weights", "status": "passed"},
+        {"name": "engine", "status": "refused"}]}))
+    sglang = tmp_path / "sglang.json"
+    sglang.write_text(json.dumps({"sglang_version": "0.5.23", "ok": False, "stages": [
+        {"name": "config", "status": "passed"}, {"name": "load_weights", "status": "failed"}]}))
+    text = write_card(draft, [results], repo_id="org/d", checks=[vllm, sglang]).readme.read_text()
+    assert "## Use with SGLang" in text
+    assert "--speculative-algorithm DSPARK" in text and "--speculative-draft-model-path org/d" in text
+    assert "γ + 1" in text
+    assert ("- **vLLM 0.32.0** (`dsparkhub vllm-check`): passed — config passed, load_weights passed, engine refused"
+            in text)
+    assert "- **SGLang 0.5.23** (`dsparkhub sglang-check`): FAILED — config passed, load_weights failed" in text
+
+
+def test_card_refuses_a_check_report_that_is_not_one(tmp_path):
+    from test_card import make_drafter, make_results
+
+    from dsparkhub.card import CardError, write_card
+
+    draft = make_drafter(tmp_path / "d")
+    results = make_results(draft, tmp_path / "r.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"stages": []}))
+    with pytest.raises(CardError, match="names no engine version"):
+        write_card(draft, [results], checks=[bad])
+    assert not (draft / "README.md").exists()
