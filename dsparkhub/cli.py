@@ -453,9 +453,10 @@ def _json_dict(ctx, param, value: str | None) -> dict | None:
 @click.argument("draft", type=click.Path())
 @click.option("--target", required=True, help="Target: HF folder (with tokenizer), or Hub repo id / served model "
               "name for the vLLM backends.")
-@click.option("--backend", type=click.Choice(["reference", "vllm", "vllm-serve"]), default="reference",
+@click.option("--backend", type=click.Choice(["reference", "vllm", "vllm-serve", "sglang-serve"]), default="reference",
               show_default=True, help="reference = dsparkhub's PyTorch engine (CPU); vllm = offline LLM; "
-              "vllm-serve = a running `vllm serve` (--server-url).")
+              "vllm-serve = a running `vllm serve` (--server-url); sglang-serve = a running SGLang server "
+              "(--server-url).")
 @click.option("--num-speculative-tokens", "-n", "ns", default="3,5,7", show_default=True, callback=_int_list,
               help="Comma-separated n values; each is measured against the same baseline.")
 @click.option("--datasets", multiple=True, help="Comma-separated or repeated: PATH.jsonl, NAME=PATH, builtin, "
@@ -473,9 +474,10 @@ def _json_dict(ctx, param, value: str | None) -> dict | None:
 @click.option("--max-model-len", type=click.IntRange(min=1), help="Engine context length (vLLM).")
 @click.option("--compilation-config", callback=_json_dict, help="vLLM compilation config as JSON.")
 @click.option("--server-url", help="Base URL of a running `vllm serve` started with the drafter "
-              "(--backend vllm-serve).")
+              "(--backend vllm-serve), or an SGLang server started with --speculative-algorithm "
+              "(--backend sglang-serve).")
 @click.option("--baseline-url", "--vllm-baseline-url", "baseline_url",
-              help="Base URL of a `vllm serve` of the same target without a drafter (--backend vllm-serve).")
+              help="Base URL of a server of the same target without a drafter (--backend vllm-serve / sglang-serve).")
 @click.option("--confidence-threshold", type=click.FloatRange(0.0, 1.0),
               help="Truncate drafts where the cumulative confidence drops below this (reference engine).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
