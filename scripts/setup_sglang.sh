@@ -7,13 +7,15 @@
 #   1. torch==2.13.0 (the CPU build lying on disk), then a constraints file pins it so nothing below can pull CUDA torch;
 #   2. sglang==0.5.23 with --no-deps (its Python code only; no CUDA kernel package is installed, nothing is compiled);
 #   3. the few dependencies that importing sglang.srt.configs.model_config, sglang.srt.models.dspark / dflash and
-#      sglang.bench_serving needs on CPU (found by importing them until nothing was missing), each pinned to what the
-#      sglang 0.5.23 wheel asks for where it pins one; torchvision / compressed-tensors --no-deps (they would pull
-#      CUDA torch).
-# What runs from it: SGLang's own draft-config parsing (hf_transformers_utils.get_config, ModelConfig,
+#      sglang.benchmark.serving needs on CPU (found by importing them until nothing was missing), each pinned to what
+#      the sglang 0.5.23 wheel asks for where it pins one; compressed-tensors --no-deps (it would pull CUDA torch).
+#      torchvision is left out: PyPI's wheel links CUDA torch (libtorch_cuda.so) and fails beside CPU torch; SGLang's
+#      config package imports it only for multimodal image processors, so dsparkhub/verify/sglang_child.py answers
+#      those imports with a placeholder (see its docstring).
+# What runs from it: SGLang's own server-argument resolution and draft-config parsing (hf_transformers_utils.get_config,
 # dspark_config.parse_dspark_draft_config, dflash_utils.parse_dflash_draft_config), its model registry and the DSpark /
-# DFlash draft classes' load_weights on CPU (dsparkhub/verify/sglang_child.py), and `python -m sglang.bench_serving`
-# against a running server. Serving itself needs SGLang's GPU install (`pip install sglang==0.5.23` on a CUDA node).
+# DFlash draft classes' load_weights on CPU (dsparkhub/verify/sglang_child.py).
+# Serving itself needs SGLang's GPU install (`pip install sglang==0.5.23` on a CUDA node).
 #   scripts/setup_sglang.sh            build or complete .venv-sglang in the repository root
 #   SGLANG_VENV=DIR scripts/setup_sglang.sh   build it elsewhere
 set -euo pipefail
@@ -37,9 +39,13 @@ echo "torch==2.13.0" > "$CONSTRAINTS"
   safetensors prometheus-client uvloop pydantic triton loguru datasets
 "$PIP" install -q --no-deps compressed-tensors==0.18.0
 "$VENV/bin/python" - <<'PY'
-import importlib.metadata as md, torch
+import importlib.metadata as md, sys
+sys.path.insert(0, "dsparkhub/verify")
+import sglang_child  # stdlib-only module: the torchvision placeholder the checks run with
+sglang_child.install_placeholder()
+import torch
 for mod in ("sglang.srt.configs.model_config", "sglang.srt.models.dspark", "sglang.srt.models.dflash",
-            "sglang.srt.speculative.dspark_components.dspark_config", "sglang.bench_serving"):
+            "sglang.srt.speculative.dspark_components.dspark_config", "sglang.srt.server_args"):
     __import__(mod)
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 print("sglang", md.version("sglang"), "| torch", torch.__version__, "| transformers", md.version("transformers"))
