@@ -156,7 +156,11 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
         ConversionRefusedError: the target is not a V4-style checkpoint, already holds ``mtp.*`` tensors, the
             drafter has a reduced draft vocab or an embedding / LM-head copy that differs from the target's, or
             hard-linking was required and failed.
-        ValidationFailedError: the drafter fails validation against the target (unless ``force``).
+        ValidationFailedError: the drafter fails validation against the target (unless ``force``); among others a
+            drafter whose family is not DeepSeek-V4 (DSH311): vLLM 0.32 serves an attached drafter with
+            ``DSparkDeepseekV4ForCausalLM``, whose stages are V4 decoder layers with a bias-less [1, H + r]
+            confidence head and ``hc_head_*`` (vllm/models/deepseek_v4/nvidia/dspark.py), so a Qwen3 / Gemma4
+            drafter attached with ``force`` is written but cannot be loaded there.
         OutputExistsError, CheckpointNotFoundError, CheckpointFormatError, LayoutError: see the readers / writer.
     """
     from .validate import validate

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .calibrate import card_context, plot_reliability
 from .card_engines import engine_checks, sglang_launch
 from .errors import CheckpointNotFoundError, DsparkhubError, ResultsError
 from .hashing import checkpoint_fingerprint
@@ -447,6 +448,7 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
         "engine_checks": engine_checks(list(checks or [])),
         "serve_reference": _is_reference(serve_res),
         "sections": [_section(r, p) for r, p in zip(results, plots)],
+        "calibration": card_context(draft),
         "provenance": provenance, "provenance_facts": _provenance_facts(provenance),
         "provenance_json": json.dumps(provenance, indent=2, sort_keys=True) if provenance else None,
         "dsparkhub_version": __version__,
@@ -509,7 +511,8 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
 
     Raises:
         ResultsError: a results file is malformed, from another drafter (both fingerprints named), or from a run
-            that was not lossless.
+            that was not lossless; ``dspark_sts.json`` was fitted on another drafter.
+        CalibrationError: ``dspark_sts.json`` does not load in SGLang's reader.
         CardError: no results, bad template, unusable drafter config, or a hand-written README.md without
             ``overwrite``.
     """
@@ -534,6 +537,10 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
                 tmp = staging / Path(rel).name
                 plot(res, tmp)
                 written.append((tmp, draft / rel))
+        calibration = context["calibration"]
+        if calibration and not calibration["foreign"]:  # dsparkhub calibrate's sidecar: its reliability diagram
+            tmp = staging / Path(calibration["plot"]).name
+            written.append((plot_reliability(calibration["data"], tmp), draft / calibration["plot"]))
         readme_tmp = staging / "README.md"
         readme_tmp.write_text(text, encoding="utf-8")
         (draft / ASSETS_DIR).mkdir(exist_ok=True)

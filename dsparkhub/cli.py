@@ -200,14 +200,20 @@ def _print_report(report) -> None:
 @click.option("--num-speculative-tokens", "-n", callback=lambda ctx, param, v: None if v is None else
               max(_int_list(ctx, param, v)), help="The n you will serve with (3,5,7: the largest is checked).")
 @click.option("--layout", help="Force the drafter's layout instead of detecting it.")
+@click.option("--engine", type=click.Choice(["vllm", "reference"]), default="vllm", show_default=True,
+              help="The engine that will read the target's hidden states (the last layer is pre-norm in vLLM, normed "
+                   "in the reference engine's HF output_hidden_states).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--deep", is_flag=True, help="Also read the drafter's tensor data and report NaN / Inf (DSH207).")
 @handle_errors
 def validate(draft: str, target: str | None, num_speculative_tokens: int | None, layout: str | None,
-             as_json: bool) -> None:
-    """Check a drafter against its target and vLLM 0.32's contract (configs and headers only). Exit 1 on errors."""
+             engine: str, as_json: bool, deep: bool) -> None:
+    """Check a drafter against its target and vLLM 0.32's contract (configs and headers only; --deep reads the
+    data too). Exit 1 on errors."""
     from .validate import validate as run_validate
 
-    report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout)
+    report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout,
+                          engine=engine, deep=deep)
     if as_json:
         echo_json(report.to_dict())
     else:
@@ -227,6 +233,8 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--force", is_flag=True, help="Convert even when validation against the target finds errors.")
 @click.option("--keep-embeddings", is_flag=True, help="Keep embed_tokens / lm_head copies even when identical "
               "to the target's.")
+@click.option("--allow-different-embeddings", is_flag=True, help="Convert even when a frozen embedding / LM-head "
+              "copy (DeepSpec) differs from the target's (DSH312: trained for another target); the copy is kept.")
 @click.option("--max-shard-size", type=_ByteSize(), help="Output shard cap: bytes, or 500MB / 4GiB / ... (default: "
               "largest tensor + 256 MiB).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
@@ -247,8 +255,9 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--copy", "link", flag_value="copy", help="With --attach: copy the target's files.")
 @click.option("--allow-pickle", is_flag=True, help=_ALLOW_PICKLE_HELP)
 @handle_errors
-def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max_shard_size, dry_run, as_json,
-            draft_vocab, draft_vocab_from, declare_block_layout, attach_to, attach_as, link, allow_pickle):
+def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, allow_different_embeddings,
+            max_shard_size, dry_run, as_json, draft_vocab, draft_vocab_from, declare_block_layout, attach_to, attach_as,
+            link, allow_pickle):
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
     from .convert import convert as run_convert, plan_conversion
 
@@ -279,7 +288,8 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, max
         raise click.UsageError("--draft-vocab N and --draft-vocab-from DATASET go together")
     plan = plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
                            declare_block_layout=declare_block_layout, draft_vocab=draft_vocab,
-                           draft_vocab_from=list(draft_vocab_from))
+                           draft_vocab_from=list(draft_vocab_from),
+                           allow_different_embeddings=allow_different_embeddings)
     if dry_run:
         if as_json:
             echo_json(plan.to_dict())
@@ -514,6 +524,51 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
 
 @main.command()
 @click.argument("draft", type=click.Path())
+@click.option("--target", required=True, help="Target: HF folder (with tokenizer).")
+@click.option("--datasets", multiple=True, help="As for verify: PATH.jsonl, NAME=PATH, builtin, builtin:math|code|chat, "
+              "hub:owner/name[:file.jsonl]. Default: the built-in smoke set.")
+@click.option("--max-prompts", type=click.IntRange(min=2), help="Use at most this many prompts per dataset.")
+@click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="0 = greedy acceptance (as SGLang's collector).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling and fit / held-out split seed.")
+@click.option("--fit-fraction", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True), default=0.5,
+              show_default=True, help="Share of each dataset's prompts the temperatures are fitted on.")
+@click.option("--min-samples", type=click.IntRange(min=1), default=100, show_default=True,
+              help="A position with fewer fit samples is pooled with its thin neighbours.")
+@click.option("--min-class", type=click.IntRange(min=1), default=10, show_default=True,
+              help="... or with fewer accepted or rejected samples.")
+@click.option("--refine", is_flag=True, help="Refine SGLang's 41-point grid with a golden-section search.")
+@click.option("--device", help="Reference engine device (cpu, cuda).")
+@click.option("--out", type=click.Path(dir_okay=False), help="Sidecar path (default DRAFT/dspark_sts.json).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing sidecar.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@handle_errors
+def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature, seed, fit_fraction, min_samples,
+              min_class, refine, device, out, overwrite, quiet) -> None:
+    """Fit the confidence head's per-position temperatures (SGLang STS) on a fit split of the reference engine's
+    verify steps; report ECE / Brier / AUROC before and after on the held-out split and a threshold sweep; write
+    dspark_sts.json (SGLang --speculative-dspark-confidence-sts-path) next to the drafter."""
+    from .calibrate import format_report, run_calibration
+    from .verify.runner import VerifyArgumentError
+
+    if quiet:
+        _hide_transformers_progress()
+    try:
+        sidecar, path = run_calibration(draft, target, datasets=list(datasets), max_prompts=max_prompts,
+                                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                        fit_fraction=fit_fraction, min_samples=min_samples, min_class=min_class,
+                                        refine=refine, device=device, out=out, overwrite=overwrite,
+                                        progress=not quiet, warn=lambda line: click.echo(line, err=True))
+    except VerifyArgumentError as exc:  # --device that is not a torch device: a usage error
+        raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
+    click.echo(format_report(sidecar))
+    click.echo(f"wrote {path}")
+    click.echo(f"serve with SGLang: --speculative-dspark-confidence-sts-path {shlex.quote(str(path))}")
+
+
+@main.command()
+@click.argument("draft", type=click.Path())
 @click.option("--results", "results_paths", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
               help="Results file from `dsparkhub verify` (repeat for several engines / dataset sets).")
 @click.option("--template", type=click.Path(), help="Jinja2 template replacing dsparkhub's model_card.md.j2.")
@@ -605,14 +660,17 @@ def example() -> None:
 @example.command("build")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root (default $DSPARKHUB_CACHE or "
               "~/.cache/dsparkhub).")
-@click.option("--force", is_flag=True, help="Rebuild even when a cached build exists.")
+@click.option("--force", is_flag=True, help="Redo the cached folder even when a complete one exists.")
+@click.option("--from-scratch", is_flag=True, help="Train a new build (minutes on 2 cores; float training differs "
+              "across CPUs, so its τ differs a little from the shipped build's).")
 @click.option("--json", "as_json", is_flag=True, help="Print paths and info as JSON.")
 @handle_errors
-def example_build(cache_dir: str | None, force: bool, as_json: bool) -> None:
-    """Build (or find in the cache) the example and print where its folders are and its measured τ."""
+def example_build(cache_dir: str | None, force: bool, from_scratch: bool, as_json: bool) -> None:
+    """Lay out the shipped example in the cache (or train one) and print where its folders are and its measured τ."""
     from .example import build_example
 
-    ex = build_example(cache_dir, force=force)
+    ex = build_example(cache_dir, force=force, from_scratch=from_scratch,
+                       progress=lambda line: click.echo(line, err=True))
     paths = {"root": str(ex.root), "target": str(ex.target), "deepspec_run": str(ex.deepspec_run),
              "dspark_step": str(ex.dspark_step), "dflash": str(ex.dflash), "prompts": str(ex.prompts)}
     if as_json:
@@ -621,7 +679,7 @@ def example_build(cache_dir: str | None, force: bool, as_json: bool) -> None:
     for k, v in paths.items():
         click.echo(f"  {k:<13} {v}")
     secs = ex.info.get("seconds", {})
-    click.echo("  build time    " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in secs.items()))
+    click.echo("  trained in    " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in secs.items()))
     for name, taus in ex.info.get("tau", {}).items():
         click.echo(f"  tau {name:<9} " + ", ".join(f"n={n}: {t:.2f}" for n, t in taus.items())
                    + f" (greedy, reference engine, {ex.info['eval']['num_prompts']} held-out prompts)")

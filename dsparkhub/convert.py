@@ -11,7 +11,8 @@ Rules:
   expresses 1+N (and vice versa) -> :class:`ConversionRefusedError`;
 - ``embed_tokens`` / ``lm_head`` copies are dropped when byte-identical to the target's (vLLM 0.32
   ``load_dspark_model`` then shares the target's), kept and reported when they differ or cannot be compared;
-- training files (``train_config.py``, ``training_state.*.pt``) are never read or copied.
+- training files (``train_config.py``, ``training_state.*.pt``) are never read or copied;
+- the side files vLLM reads from a drafter folder (:data:`CARRIED_FILES`) are copied byte for byte, never loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,11 +32,16 @@ from .hashing import sha256_file, sha256_files
 from .recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
                       resolve_output_recipe, write_config)
 from .target import TargetSpec, open_target
-from .validate import ValidationReport, validate
+from .validate import Finding, ValidationReport, validate
 from .writer import SourceBytes, atomic_output, refuse_overlap, write_json, write_shards
 
 PROVENANCE_NAME = "dsparkhub_provenance.json"
 SHARED_WITH_TARGET = {"embed_tokens.weight": "embed", "lm_head.weight": "lm_head"}
+#: files beside the weights that vLLM 0.32 reads from the drafter folder: ``mask_embedding.pt``, a separately trained
+#: mask embedding its DFlash loader substitutes for ``embed_tokens[mask_token_id]`` (qwen3_dflash.py:910-913 and
+#: ``_read_mask_embedding`` 929-960, ``torch.load(weights_only=True)`` of the bytes: so they are copied as they are).
+#: vLLM's DSpark never reads it (qwen3_dspark.py:338 "DSpark masks via the vocab row").
+CARRIED_FILES = ("mask_embedding.pt",)
 
 
 @dataclass
@@ -59,6 +66,8 @@ class ConversionPlan:
         decisions: one per source tensor, in output order for copies.
         report: the pre-conversion validation.
         options: the options that shaped the plan (recorded in provenance).
+        computed: reduced-vocab tensors, ``{name: (dtype, shape, load)}``.
+        carried: the :data:`CARRIED_FILES` the source folder holds, copied into OUT byte for byte.
     """
 
     draft: OpenedDraft
@@ -69,6 +78,7 @@ class ConversionPlan:
     report: ValidationReport
     options: dict = field(default_factory=dict)
     computed: dict = field(default_factory=dict)  # name -> (dtype, shape, load) for action "reduce"
+    carried: list[str] = field(default_factory=list)  # CARRIED_FILES present in the source, copied byte for byte
 
     @property
     def copies(self) -> list[TensorDecision]:
@@ -98,7 +108,8 @@ class ConversionPlan:
         return {"source": str(self.draft.checkpoint.path), "source_layout": self.draft.recipe.name,
                 "target": None if self.target is None else self.target.source, "to": self.recipe.name,
                 "config": self.config, "tensors": [asdict(d) for d in self.decisions],
-                "out_bytes": self.out_bytes, "validation": self.report.to_dict(), "options": self.options}
+                "out_bytes": self.out_bytes, "validation": self.report.to_dict(), "options": self.options,
+                "carried_files": self.carried}
 
 
 @dataclass
@@ -125,6 +136,20 @@ def _same_bytes(d: OpenedDraft, name: str, t: TargetSpec, which: str) -> tuple[b
     return at is None, ("byte-identical to the target's " + ref.name if at is None
                         else f"differs from the target's {ref.name} (first differing byte at offset {at} of "
                              f"{mine.nbytes})")
+
+
+def _frozen_copy_finding(d: OpenedDraft, name: str, t: TargetSpec, which: str, why: str) -> Finding:
+    """DSH312 for a frozen copy (``frozen_copies`` of the source recipe) whose bytes differ from the target's."""
+    ref, mine = getattr(t, which), d.spec.tensors[name]
+    file = Path(d.checkpoint.path) / mine.file
+    return Finding("DSH312", "error", f"{file}: the drafter's frozen copy {d.spec.source_names.get(name, name)} "
+                   f"{why} (the target is {t.source})", f"tensor {name}",
+                   expected=f"the bytes of {t.source}'s {ref.name} ({ref.dtype} {list(ref.shape)})",
+                   found=f"other bytes ({mine.dtype} {list(mine.shape)})",
+                   hint=f"{d.recipe.name} trains this tensor frozen as a copy of its target's (DeepSpec "
+                        "deepspec/trainer/base_trainer.py build_models: initialize_embeddings_and_head(freeze=True)), "
+                        "so the drafter was trained for another target; pass the target it was trained on, or "
+                        "--allow-different-embeddings to convert it anyway (the copy is kept)")
 
 
 def _first_difference(path_a: Path, start_a: int, path_b: Path, start_b: int, nbytes: int,
@@ -161,7 +186,8 @@ def _first_difference(path_a: Path, start_a: int, path_b: Path, start_b: int, nb
 def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
                     layout: str | None = None, force: bool = False, keep_embeddings: bool = False,
                     declare_block_layout: str | None = None, draft_vocab: int | None = None,
-                    draft_vocab_from: list[str] | None = None) -> ConversionPlan:
+                    draft_vocab_from: list[str] | None = None,
+                    allow_different_embeddings: bool = False) -> ConversionPlan:
     """Decide a conversion from headers (and the embedding / LM-head bytes), writing nothing.
 
     Args:
@@ -177,9 +203,12 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         draft_vocab: Vd: write a reduced draft vocab of the Vd most frequent target tokens of ``draft_vocab_from``
             (``dsparkhub.draft_vocab``): ``lm_head`` and ``markov_w2`` rows of those ids, and ``d2t``.
         draft_vocab_from: dataset specs counted for ``draft_vocab`` (as ``verify --datasets``).
+        allow_different_embeddings: convert a drafter whose frozen embedding / LM-head copy (the source recipe's
+            ``frozen_copies``: DeepSpec) differs from the target's; the copy is kept and DSH312 stays in the report.
 
     Raises:
-        ValidationFailedError: validation against the target found errors and ``force`` is False.
+        ValidationFailedError: validation against the target found errors and ``force`` is False; or a frozen copy
+            differs from the target's bytes (DSH312) and neither ``allow_different_embeddings`` nor ``force``.
         ConversionRefusedError: the output layout cannot express the drafter's block layout or family.
         DsparkhubError subclasses from reading the source or target.
     """
@@ -231,6 +260,14 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             f"layout {recipe.name!r} cannot hold a {spec.family} {spec.variant} drafter (read as {spec.layout!r}); "
             "writing it there would lose or reinterpret tensors", path=d.checkpoint.path,
             hint="layouts that can: " + ", ".join(r.name for r in load_recipes() if can_hold(r, spec)))
+    from .causality import causality_refusal
+
+    why = causality_refusal(spec, recipe)
+    if why:
+        raise ConversionRefusedError(why + "; writing it there would change how the drafter attends",
+                                     path=d.checkpoint.path,
+                                     hint="convert to a layout that expresses it (zlab-dflash / vllm write `is_causal`)")
+    _fill_from_target(spec, t, recipe, d.checkpoint.path)
     computed = {}
     if draft_vocab is not None:
         if limits.get("full_vocab"):
@@ -243,6 +280,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         computed = _reduce_vocab(d, t, recipe, dv)
     config = write_config(spec, recipe)
     decisions: list[TensorDecision] = []
+    frozen: list[Finding] = []
     for name, (dtype, shape, _) in computed.items():
         if name not in spec.tensors:  # d2t / t2d, or an lm_head taken from the target
             decisions.append(TensorDecision(name, "reduce", recipe.to_layout(name, num_layers=spec.num_layers),
@@ -257,29 +295,85 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             continue
         out_name = recipe.to_layout(name, num_layers=spec.num_layers)
         which = SHARED_WITH_TARGET.get(name)
-        if which and t is not None and not keep_embeddings and spec.vocab_size <= t.vocab_size \
+        is_frozen = name in (d.recipe.data.get("frozen_copies") or [])
+        # a frozen copy is compared even with keep_embeddings: one that differs means another target (DSH312)
+        if which and t is not None and (is_frozen or not keep_embeddings) and spec.vocab_size <= t.vocab_size \
                 and not (name == "lm_head.weight" and spec.draft_vocab_size != t.vocab_size):
             same, why = _same_bytes(d, name, t, which)
-            if same:
+            if same and not keep_embeddings:
                 decisions.append(TensorDecision(name, "drop", None, why + "; vLLM shares the target's"))
                 continue
-            note = "; kept (vLLM uses the drafter's own)"
-            if name == "embed_tokens.weight" and d.recipe.name == "deepspec":
-                note += ("; DeepSpec trains with the target's embedding frozen, so this drafter was probably "
-                         "trained for another target")
-            decisions.append(TensorDecision(name, "copy", out_name, why + note))
-            continue
+            if same is False and is_frozen:
+                frozen.append(_frozen_copy_finding(d, name, t, which, why))
+            if not same:
+                decisions.append(TensorDecision(name, "copy", out_name, why + "; kept (vLLM uses the drafter's own)"))
+                continue
         decisions.append(TensorDecision(name, "copy", out_name))
     for name in recipe.data.get("write", {}).get("derive") or []:
         inputs = DERIVED_TENSORS[name][0]
         if name not in spec.tensors and all(i in spec.tensors for i in inputs):
             decisions.append(TensorDecision(name, "derive", recipe.to_layout(name, num_layers=spec.num_layers),
                                             f"computed from {', '.join(inputs)} (layout {recipe.name!r} ships it)"))
+    if frozen:
+        order = {"error": 0, "warning": 1, "info": 2}
+        report.findings = sorted(report.findings + frozen, key=lambda f: (order[f.severity], f.code, f.location))
+        if not (allow_different_embeddings or force):
+            raise ValidationFailedError(f"[DSH312] {frozen[0].message}", report=report, path=d.checkpoint.path,
+                                        hint=frozen[0].hint)
     options = {"to": recipe.name, "layout": d.recipe.name, "force": force, "keep_embeddings": keep_embeddings,
                "declare_block_layout": declare_block_layout}
+    if allow_different_embeddings:
+        options["allow_different_embeddings"] = True
     if draft_vocab is not None:
         options["draft_vocab"] = dv.to_dict()
-    return ConversionPlan(d, t, recipe, config, decisions, report, options, computed)
+    carried = [f for f in CARRIED_FILES if (Path(d.checkpoint.path) / f).is_file()]
+    if carried and spec.variant == "dspark":
+        d.spec.notes.append("mask_embedding.pt is carried, but vLLM 0.32's DSpark never reads it: it masks via the "
+                            "vocab row embed_tokens[mask_token_id] (qwen3_dspark.py:338)")
+    return ConversionPlan(d, t, recipe, config, decisions, report, options, computed, carried)
+
+
+def _fill_from_target(spec, t: TargetSpec | None, recipe: Recipe, path) -> None:
+    """Give ``spec`` what the output layout's loader requires and only the target can tell (notes say so).
+
+    - a speculators verifier (``speculators_config.verifier``): speculators 0.9.0 ``VerifierConfig`` needs
+      ``architectures`` (a list) and borrows the embedding / LM head from ``name_or_path``: the target's repo id when
+      known (manifest, Hub source), else the target folder as given; ``architectures`` from the target's config;
+    - ``num_target_layers`` for layouts whose loader reads it (dflash 0.1.0 ``DFlashDraftModel.__init__``).
+
+    Raises:
+        ConversionRefusedError: the layout needs one of them, the source does not say it and no target was given.
+    """
+    writes_verifier = recipe.write_key("verifier_architectures") is not None
+    if writes_verifier and not (spec.target_ref.get("architectures") and spec.target_ref.get("name_or_path")):
+        if t is None:
+            raise ConversionRefusedError(
+                f"layout {recipe.name!r} names the drafter's target (speculators_config.verifier: name_or_path and "
+                "architectures, required by speculators 0.9.0 VerifierConfig) and the source does not say it",
+                path=path, hint="pass --target (its repo id and config architectures are written)")
+        repo = t.source
+        if t.manifest:
+            from .manifests import get_manifest
+
+            repo = get_manifest(t.manifest).repo_id
+        elif not t.local:
+            repo = t.source.partition("@")[0]
+        filled = {"name_or_path": repo, "architectures": list(t.checkpoint.config.get("architectures") or [])}
+        if not filled["architectures"]:
+            raise ConversionRefusedError(f"the target {t.source} names no `architectures` in its config.json; "
+                                         "speculators' verifier needs them", path=t.source)
+        for key, value in filled.items():
+            if not spec.target_ref.get(key):
+                spec.target_ref[key] = value
+                spec.notes.append(f"speculators verifier {key} taken from the target: {value}")
+    if recipe.data.get("requires_num_target_layers") and spec.num_target_layers is None:
+        if t is None:
+            raise ConversionRefusedError(
+                f"layout {recipe.name!r} needs num_target_layers (dflash 0.1.0 DFlashDraftModel.__init__ reads "
+                "config.num_target_layers) and the source does not record it", path=path,
+                hint="pass --target (its num_hidden_layers is written)")
+        spec.num_target_layers = t.num_hidden_layers
+        spec.notes.append(f"num_target_layers taken from the target: {t.num_hidden_layers}")
 
 
 def _reduce_vocab(d: OpenedDraft, t: TargetSpec | None, recipe: Recipe, dv) -> dict:
@@ -344,7 +438,7 @@ def _tensor_order(name: str):
 
 def _source_files(d: OpenedDraft) -> list[Path]:
     folder = Path(d.checkpoint.path)
-    files = [folder / "config.json"] + [folder / f for f in d.checkpoint.files]
+    files = [folder / "config.json"] + [folder / f for f in d.checkpoint.files] + [folder / f for f in CARRIED_FILES]
     if d.checkpoint.index is not None:
         files.append(folder / "model.safetensors.index.json")
     return [p for p in files if p.exists()]
@@ -358,11 +452,11 @@ def _pickle_origin_files(folder: Path) -> list[Path]:
 def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
             layout: str | None = None, overwrite: bool = False, force: bool = False, keep_embeddings: bool = False,
             max_shard_bytes: int | None = None, plan: ConversionPlan | None = None,
-            pickle_origin: str | Path | None = None) -> ConversionResult:
+            pickle_origin: str | Path | None = None, allow_different_embeddings: bool = False) -> ConversionResult:
     """Convert ``src`` into ``out`` (see the module docstring for the rules).
 
     Args:
-        src, target, to, layout, force, keep_embeddings: as in :func:`plan_conversion`.
+        src, target, to, layout, force, keep_embeddings, allow_different_embeddings: as in :func:`plan_conversion`.
         out: output folder; must not exist unless ``overwrite``.
         overwrite: replace an existing ``out`` (atomically: the old one is removed only after the new one is in
             place).
@@ -383,7 +477,8 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     out = Path(out)
     if out.exists() and not overwrite:
         raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
-    plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings)
+    plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
+                                   allow_different_embeddings=allow_different_embeddings)
     d = plan.draft
     refuse_overlap(out, {"drafter": src, "drafter step": d.checkpoint.path, "pickle source": pickle_origin,
                          "target": plan.target.source if plan.target is not None and plan.target.local else None})
@@ -423,6 +518,9 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     with atomic_output(out, overwrite=overwrite) as tmp:
         files = write_shards(tmp, items, max_shard_bytes=max_shard_bytes)
         readers.clear()
+        for name in plan.carried:
+            shutil.copyfile(Path(d.checkpoint.path) / name, tmp / name)
+        files += plan.carried
         write_json(tmp / "config.json", plan.config)
         src_hashes = src_future.result()
         hasher.shutdown()

@@ -6,6 +6,9 @@ heads every family shares (embedding / LM-head copies, ``d2t`` / ``t2d``, Markov
 included in every table. ``validate`` compares a :class:`~dsparkhub.spec.DraftSpec`'s tensors against
 :func:`expected_tensors`.
 
+A variable (``vars``) takes the first of its config ``keys`` that is set, else its ``default`` expression; with
+``equals`` it is 1 when that key's value is (one of) the given string(s), else 0.
+
 Expressions (shapes, ``when``, variable defaults) are evaluated by :func:`evaluate`, which accepts integers, names,
 ``+ - * //``, parentheses, ``and`` / ``or`` / ``not`` and comparisons, nothing else: a table can never run code.
 
@@ -116,16 +119,31 @@ def table_for(spec: DraftSpec, folder: str | Path | None = None) -> dict | None:
     return None
 
 
+def family_of_target(model_type: str | None, folder: str | Path | None = None) -> str | None:
+    """The drafter family whose table lists ``model_type`` (a target's text model type) in ``target_model_types``,
+    or None when no table does (a target dsparkhub knows no DSpark family for)."""
+    for table in _tables(str(folder or families_dir())).values():
+        if model_type in (table.get("target_model_types") or []):
+            return table.get("family")
+    return None
+
+
 def _names(spec: DraftSpec, table: dict) -> dict:
     c = spec.decoder_config
     names = {"H": spec.hidden_size, "V": spec.vocab_size, "Vd": spec.draft_vocab_size, "r": spec.markov_rank,
              "A": len(spec.target_layer_ids), "Ht": spec.target_hidden_size, "L": spec.num_layers,
-             "dspark": int(spec.variant == "dspark"), "confidence": int(spec.confidence_head),
+             "dspark": int(spec.variant == "dspark"),
+             "dflash2": int(spec.variant == "dflash2"), "confidence": int(spec.confidence_head),
              "with_markov": int(spec.confidence_head_with_markov),
              "reduced_vocab": int(spec.draft_vocab_size != spec.vocab_size),
              "has_embed": 1, "has_lm_head": 1, "confidence_bias": 1}
+    # a var's keys are looked up in the backbone config, then in the layout keys the recipe carries (extras:
+    # EAGLE-3 norm_before_fc, DFlash2 conv_kernel_size, ...)
+    lookup = {**spec.extras, **c}
     for var, rule in (table.get("vars") or {}).items():
-        value = next((c[k] for k in rule.get("keys") or [] if c.get(k) is not None), None)
+        value = next((lookup[k] for k in rule.get("keys") or [] if lookup.get(k) is not None), None)
+        if "equals" in rule:  # a flag from a string key: {keys: [model_type], equals: deepseek_v41} -> 1 / 0
+            value = int(value in (rule["equals"] if isinstance(rule["equals"], list) else [rule["equals"]]))
         if value is None:
             value = evaluate(rule.get("default", "0"), names)
         names[var] = int(value) if isinstance(value, (bool, int)) else value

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checkpoint import resolve_step_dir
 from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -46,7 +47,6 @@ __all__ = [
     "DrafterConfig",
     "Drafter",
     "load_drafter",
-    "resolve_drafter_folder",
     "resolve_target_layer_ids",
     "resolve_mask_token_id",
     "drafter_config_from_dict",
@@ -531,30 +531,6 @@ def target_features(hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor]
 # ---- loading --------------------------------------------------------------------------------------------------
 
 
-def resolve_drafter_folder(folder: str | Path) -> Path:
-    """The folder holding the drafter's ``config.json``: ``folder`` itself, or for a DeepSpec run dir its
-    ``step_latest`` (else the highest ``step_<N>``).
-
-    Raises:
-        CheckpointNotFoundError: the folder, its ``config.json`` or the ``step_latest`` target does not exist.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointNotFoundError(f"drafter folder {folder} does not exist", path=folder)
-    if (folder / "config.json").is_file():
-        return folder
-    latest = folder / "step_latest"
-    if latest.is_symlink() or latest.exists():
-        if not latest.resolve().is_dir():
-            raise CheckpointNotFoundError(f"{latest} points to {latest.resolve()}, which does not exist", path=latest)
-        return resolve_drafter_folder(latest.resolve())
-    steps = sorted((p for p in folder.glob("step_*") if p.is_dir() and p.name[5:].isdigit()),
-                   key=lambda p: int(p.name[5:]))
-    if steps:
-        return resolve_drafter_folder(steps[-1])
-    raise CheckpointNotFoundError(f"no config.json (and no step_latest / step_<N>) in {folder}", path=folder)
-
-
 def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -616,8 +592,11 @@ def load_drafter(folder: str | Path, target_model=None, *, dtype: torch.dtype = 
         LayoutError: unknown architecture / config keys, or missing / unexpected / misshapen tensors (all listed).
         IncompatibleTargetError: the target cannot feed this drafter (layers, hidden size, vocab).
     """
-    folder = resolve_drafter_folder(folder)
+    folder = resolve_step_dir(folder)  # the one run-folder resolver (issue 14)
     config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise CheckpointNotFoundError(f"no config.json (and no DeepSpec step_latest link) in {folder}", path=folder,
+                                      hint="pass the drafter folder, a DeepSpec step folder or its run folder")
     try:
         raw = json.loads(config_path.read_text())
     except ValueError as exc:

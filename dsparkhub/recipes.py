@@ -11,6 +11,7 @@ A recipe is data (in the spirit of vLLM's ``WeightsMapper`` and mergekit's archi
 - ``block_layout``: fixed, or read from a key;
 - ``tensors.rename``: ``{layout: "context_proj.{rest}", canonical: "fc.{rest}"}`` rules (``{i}`` matches an
   integer, ``{rest}`` anything); a name matching two rules is an error, never resolved by order;
+  ``read_only: true`` on a rule renames on read only;
   ``tensors.drop``: layout names (regular expressions) dropped on read, each reported in the spec's notes;
 - ``write``: architectures per family, constant keys, the key that records the block layout.
 
@@ -22,9 +23,17 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
 - ``variant: {key: K, values: {...}, default: ...}`` and ``family_by_key: {key: K, values: {...}}``: read from a key;
 - ``block_layout.default_by_variant``: the layout assumed when the key is absent, per variant;
 - ``target_layer_ids_numbering: {key: model_type, values: {deepseek_v4: hidden_state_index, ...}}``;
+- ``frozen_copies``: canonical names of target tensors the layout's trainer copies frozen (DeepSpec: embedding and
+  LM head); ``convert`` refuses a copy whose bytes differ from the target's (DSH312);
+- ``final_layer_state``: ``raw`` (default) or ``normed``: how the layout's trainer saw the target's last layer, and
+  ``final_layer_state_source`` the upstream line that says so (validate DSH304 / DSH313);
+- ``confidence_head_default`` / ``confidence_head_with_markov_default``: the value when the config has no key for
+  it (DeepSeek-V4: both true, as vLLM 0.32 builds the head whatever the config says);
 - ``extra_keys``: layout keys carried in :attr:`DraftSpec.extras` and written back by recipes that list them too;
 - ``tensors.keep``: regular expressions; tensors matching none are not the drafter's (the target's, for attached
   layouts) and are ignored without a note;
+- ``tensors.aliases_by_model_type``: ``{model_type: {canonical prefix read: canonical prefix}}``, names one model
+  type's checkpoints spell otherwise (DeepSeek-V4.1 ``markov_head.embed.`` = ``markov_head.markov_w1.``);
 - ``tensors.stages``: stage-prefixed layouts (DeepSeek-V4 ``mtp.{i}.*``): the stage count comes from the tensor
   names, the pieces listed in ``shared_on_last_stage`` sit on the last stage only (see :func:`stage_names`);
 - ``write.templates``: keys whose values are computed from the spec (``"{proposals_per_block}"``; a string that
@@ -106,10 +115,15 @@ def _pattern_to_regex(pattern: str) -> re.Pattern:
 
 @dataclass
 class RenameRule:
-    """One tensor-name rule: ``layout`` pattern <-> ``canonical`` pattern (same placeholders on both sides)."""
+    """One tensor-name rule: ``layout`` pattern <-> ``canonical`` pattern (same placeholders on both sides).
+
+    ``read_only``: the rule renames on read only; written names stay canonical (z-lab DFlash2 codebooks, which
+    dflash saves with a ``.weight`` suffix that vLLM refuses and dflash's own loader does not need).
+    """
 
     layout: str
     canonical: str
+    read_only: bool = False
 
     def __post_init__(self):
         self._to_canonical = _pattern_to_regex(self.layout)
@@ -117,6 +131,8 @@ class RenameRule:
 
     def apply(self, name: str, *, to_canonical: bool) -> str | None:
         """The renamed name, or None when the rule does not match."""
+        if self.read_only and not to_canonical:
+            return None
         m = (self._to_canonical if to_canonical else self._to_layout).match(name)
         if not m:
             return None
@@ -333,8 +349,9 @@ def resolve_output_recipe(to: str, spec: DraftSpec, folder: str | Path | None = 
     """The recipe to write ``spec`` with when the user asks for layout ``to``.
 
     ``--to vllm`` means "the layout vLLM 0.32 loads for this drafter": the ``vllm`` recipe for Qwen3 / Gemma4
-    drafters, and the recipe that declares ``serves_vllm_for: {variant: [family]}`` for families vLLM loads in their
-    own layout (Kimi K3 ``K3DSparkModel``, DeepSeek-V4 attached stages, EAGLE-3 in the speculators layout). Any
+    DSpark drafters, and the recipe that declares ``serves_vllm_for: {variant: [family]}`` for families vLLM loads in their
+    own layout (Kimi K3 ``K3DSparkModel``, DeepSeek-V4 attached stages, EAGLE-3 in the speculators layout,
+    DFlash / DFlash2 in the z-lab layout). Any
     other name is returned as is; whether it can hold the drafter is decided by ``plan_conversion`` (which names
     the reason) and :func:`can_hold`.
 
@@ -343,9 +360,10 @@ def resolve_output_recipe(to: str, spec: DraftSpec, folder: str | Path | None = 
     """
     recipe = get_recipe(to, folder)
     w = recipe.data.get("write") or {}
-    # redirect only families / variants the vllm recipe has no architecture for at all; a DFlash drafter asked for
-    # as vllm (Qwen3DSparkModel) stays with the vllm recipe and is refused by plan_conversion with the reason.
-    if to == "vllm" and (spec.family not in (w.get("architectures") or {}) or spec.variant == "eagle3"):
+    # redirect families / variants the vllm recipe has no architecture for: a DFlash drafter is loaded by vLLM 0.32
+    # as DFlashDraftModel / DFlash2DraftModel (registry.py), i.e. in the z-lab layout, not as Qwen3DSparkModel
+    if to == "vllm" and (spec.family not in (w.get("architectures") or {})
+                         or spec.variant not in (w.get("variants") or [spec.variant])):
         for other in load_recipes(folder):
             if spec.family in (other.data.get("serves_vllm_for") or {}).get(spec.variant, []) \
                     and can_hold(other, spec):
@@ -498,6 +516,7 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
         notes += stage_notes
     tensors: dict[str, TensorInfo] = {}
     source_names: dict[str, str] = {}
+    aliases = ((recipe.data.get("tensors") or {}).get("aliases_by_model_type") or {}).get(cfg.get("model_type"))
     for name in ckpt.tensors:  # names first: a lazy checkpoint parses only the shards holding kept tensors
         if not recipe.keeps(name):
             continue
@@ -506,6 +525,9 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
             notes.append(f"tensor {name!r} is not used by vLLM and is dropped")
             continue
         canon = recipe.to_canonical(name, num_layers=num_layers)
+        for alias, canonical in (aliases or {}).items():
+            if canon.startswith(alias):
+                canon = canonical + canon[len(alias):]
         if canon in tensors:
             raise LayoutError(f"tensors {source_names[canon]!r} and {name!r} both map to {canon!r}", path=ckpt.path)
         tensors[canon] = info
@@ -518,27 +540,31 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
 
     used = {k for name in recipe.data.get("fields", {}) for k in recipe.read_keys(name)}
     dropped = set(recipe.data.get("drop_keys") or [])
-    extra_keys = list(recipe.data.get("extra_keys") or [])
+    extra_keys = extra_key_map(recipe)
     decoder = {k: v for k, v in dcfg.items() if k not in used and k not in dropped and "." not in k
-               and (dkey or k not in extra_keys)}
+               and (dkey or k not in extra_keys.values())}
     decoder.pop("num_hidden_layers", None)
     decoder["num_hidden_layers"] = dcfg.get("num_hidden_layers")
-    extras = {k: get_key(cfg, k) for k in extra_keys if get_key(cfg, k) is not _MISSING}
+    extras = {name: get_key(cfg, key) for name, key in extra_keys.items() if get_key(cfg, key) is not _MISSING}
     target_ref = {k: v for k in ("name_or_path", "architectures")
                   if (v := _field(cfg, recipe, f"verifier_{k}")) is not None}
     num_target_layers = _int_field(cfg, recipe, "num_target_layers", path)
     if num_target_layers is None and recipe.data.get("num_target_layers_from_decoder"):
         num_target_layers = dcfg.get("num_hidden_layers")
 
+    from .causality import read_causality
+
+    causal = read_causality(cfg, dcfg, recipe, variant)
     return DraftSpec(
-        layout=recipe.name, variant=variant, family=family, architecture=arch,
+        layout=recipe.name, variant=variant, family=family, architecture=arch, causal=causal,
         block_size=block_size, block_layout=block_layout, target_layer_ids=list(ids),
         num_target_layers=num_target_layers,
         markov_rank=markov_rank,
         markov_head_type=_field(cfg, recipe, "markov_head_type", "vanilla" if markov_rank else None),
         confidence_head=bool(_field(cfg, recipe, "confidence_head", recipe.data.get("confidence_head_default",
                                                                                    False))),
-        confidence_head_with_markov=bool(_field(cfg, recipe, "confidence_head_with_markov", False)),
+        confidence_head_with_markov=bool(_field(cfg, recipe, "confidence_head_with_markov",
+                                                recipe.data.get("confidence_head_with_markov_default", False))),
         vocab_size=vocab, draft_vocab_size=draft_vocab,
         mask_token_id=_int_field(cfg, recipe, "mask_token_id", path),
         hidden_size=hidden,
@@ -547,6 +573,20 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
         decoder_config=decoder, tensors=tensors, source_names=source_names, notes=notes,
         target_ref=target_ref, extras=extras,
     )
+
+
+def extra_key_map(recipe: Recipe) -> dict[str, str]:
+    """``extra_keys`` of a recipe as {name in :attr:`DraftSpec.extras`: config key in the layout}.
+
+    An entry is a key (carried under its own name) or ``{name: N, key: K}`` when layouts spell the same setting
+    differently (DFlash2 ``conv_kernel_size`` at the top of a speculators config, ``dflash_config.conv_kernel_size``
+    in z-lab's).
+    """
+    out = {}
+    for entry in recipe.data.get("extra_keys") or []:
+        name, key = (entry["name"], entry["key"]) if isinstance(entry, dict) else (entry, entry)
+        out[name] = key
+    return out
 
 
 def template_values(spec: DraftSpec) -> dict:
@@ -608,9 +648,12 @@ def write_config(spec: DraftSpec, recipe: Recipe) -> dict:
     if layout_key:
         for key, by_layout in layout_key.items():
             set_key(cfg, key, by_layout[spec.block_layout])
-    for key in recipe.data.get("extra_keys") or []:
-        if key in spec.extras:
-            set_key(cfg, key, spec.extras[key])
+    for name, key in extra_key_map(recipe).items():
+        if name in spec.extras:
+            set_key(cfg, key, spec.extras[name])
+    from .causality import write_causality
+
+    write_causality(cfg, spec, recipe)
     cfg.update(w.get("constants") or {})
     tv = template_values(spec)
     for key, tmpl in (w.get("templates") or {}).items():

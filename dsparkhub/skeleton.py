@@ -224,7 +224,9 @@ def v4_drafter_tensors(m: TargetManifest) -> list[SkeletonTensor]:
     """The ``mtp.{0..S-1}.*`` stages of a DeepSeek-V4 DSpark drafter for manifest ``m``: each stage is one of the
     target's decoder layers (the manifest's ``per_layer`` templates) under ``mtp.{s}.``; the last stage also holds
     ``main_proj`` [H, A*H], ``main_norm``, ``norm``, ``hc_head_*``, the Markov head [V, r] x 2 and the bias-less
-    confidence head [1, H] (FORMATS §6).
+    F32 confidence head [1, H + r] that vLLM 0.32 builds (``DSparkConfidenceHead(hidden_size + dspark_markov_rank)``,
+    vllm/models/deepseek_v4/nvidia/dspark.py:152-156; FORMATS §6's [1, H] is a head over h alone, which vLLM's V4
+    class cannot load).
 
     Raises:
         ManifestError: the manifest has no ``drafter_defaults.stages`` or no templates.
@@ -254,7 +256,7 @@ def v4_drafter_tensors(m: TargetManifest) -> list[SkeletonTensor]:
             SkeletonTensor(last + "hc_head_scale", "F32", (1,)),
             SkeletonTensor(last + "markov_head.markov_w1.weight", "BF16", (V, r)),
             SkeletonTensor(last + "markov_head.markov_w2.weight", "BF16", (V, r)),
-            SkeletonTensor(last + "confidence_head.proj.weight", "BF16", (1, H))]
+            SkeletonTensor(last + "confidence_head.proj.weight", "F32", (1, H + r))]
     return out
 
 

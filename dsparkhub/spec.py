@@ -55,6 +55,9 @@ class DraftSpec:
         notes: facts the reader wants the user to know (defaults it assumed, keys it ignored).
         target_ref: the target the source names, when it does (speculators ``speculators_config.verifier``:
             ``{"name_or_path": ..., "architectures": [...]}``); empty otherwise.
+        causal: per draft layer, whether its attention is causal inside the draft block (vLLM 0.32
+            ``qwen3_dflash.py`` ``_dflash_layer_causal``; speculators ``sliding_window_non_causal``); None when the
+            layout does not say (``dsparkhub.causality``).
         extras: layout keys kept verbatim for layouts that share them (``extra_keys`` in the recipes), e.g.
             speculators ``sliding_window_non_causal``, EAGLE-3 ``norm_before_residual``.
     """
@@ -83,6 +86,7 @@ class DraftSpec:
     notes: list[str] = field(default_factory=list)
     target_ref: dict = field(default_factory=dict)
     extras: dict = field(default_factory=dict)
+    causal: list[bool] | None = None
 
     @property
     def proposals_per_block(self) -> int:

@@ -6,8 +6,8 @@ expected and what was found, and a hint. Sources of the rules: FORMATS.md §1, r
 (vLLM 0.32 ``qwen3_dspark.py`` load_weights, ``config/speculative.py``, ``spec_decode/utils.py``), DeepSpec
 ``validate_target_layer_ids`` / ``assert_no_final_target_layer``.
 
-Does not: read tensor data (the only exception is ``d2t``, a [Vd] int64 table, whose values must be checked), or
-run any model (``dsparkhub.verify``).
+Does not: read tensor data (the exceptions: ``d2t``, a [Vd] int64 table, whose values must be checked; and, opt-in
+with ``deep=True``, every floating tensor, scanned for NaN / Inf), or run any model (``dsparkhub.verify``).
 """
 
 from __future__ import annotations
@@ -39,15 +39,22 @@ CODES: dict[str, tuple[str, str]] = {
     "DSH204": (ERROR, "fc input width is not (number of target layers) x (target hidden size)"),
     "DSH205": (ERROR, "reduced draft vocab without lm_head / d2t, or d2t values out of range"),
     "DSH206": (WARNING, "mixed floating dtypes across the drafter's weights"),
+    "DSH207": (ERROR, "a tensor holds NaN or Inf values (validate --deep; vLLM loads them and drafts garbage)"),
     "DSH301": (ERROR, "hidden size differs from the target's"),
     "DSH302": (ERROR, "vocab size differs from the target's"),
     "DSH303": (ERROR, "target layer id outside the target's layers"),
-    "DSH304": (ERROR, "target layer ids include the target's last layer (HF returns it normed)"),
+    "DSH304": (ERROR, "target layer ids include the target's last layer, whose state the engine (or the layout's "
+                      "trainer) reads after the final norm while the other side read it before"),
     "DSH305": (ERROR, "embedding / LM-head copy has another shape or dtype than the target's"),
     "DSH306": (ERROR, "the drafter records a different number of target layers than the target has"),
     "DSH307": (WARNING, "the target's embedding or LM head could not be found in its headers"),
+    "DSH311": (ERROR, "a DSpark drafter of one backbone family checked against a target of another family"),
+    "DSH313": (WARNING, "target layer ids include the target's last layer: fine for vLLM (pre-norm, as trained), "
+                        "but HF output_hidden_states (the reference engine, DeepSpec's evaluator) returns it normed"),
     "DSH401": (WARNING, "num_speculative_tokens larger than what one block was trained to propose"),
     "DSH402": (INFO, "num_speculative_tokens smaller than what one block proposes"),
+    "DSH501": (ERROR, "dspark_sts.json holds another number of temperatures than the block size (SGLang's γ)"),
+    "DSH502": (ERROR, "dspark_sts.json does not load in SGLang's reader"),
 }
 
 
@@ -56,15 +63,21 @@ CODES: dict[str, tuple[str, str]] = {
 LAYOUT_CODES: dict[str, tuple[str, str]] = {
     "DSH109": (ERROR, "a Kimi K3 MLA DSpark config vLLM 0.32's K3DSparkConfig refuses"),
     "DSH110": (INFO, "num_nextn_predict_layers differs from the mtp.* stages (the stages are trusted)"),
-    "DSH111": (WARNING, "n_mtp_layers differs from the mtp.* stages in the checkpoint (the tensors are trusted)"),
+    "DSH111": (ERROR, "the DSpark stage count vLLM 0.32 builds (n_mtp_layers, else 3; V4.1: else "
+                      "num_nextn_predict_layers) differs from the mtp.* stages in the checkpoint"),
     "DSH112": (ERROR, "the drafter's stages do not hold the same parameters"),
     "DSH113": (WARNING, "a speculators DSpark / DFlash config without sample_from_anchor (vLLM reads 1+N, speculators "
                         "trains anchor-first by default)"),
-    "DSH114": (ERROR, "legacy `DSparkDraftModel` architecture on a Qwen3 drafter: vLLM loads it as DeepSeek-V4 "
+    "DSH114": (WARNING, "a speculators DSpark with bidirectional sliding layers, which vLLM 0.32 runs causally when "
+                        "served in this layout"),
+    "DSH115": (ERROR, "legacy `DSparkDraftModel` architecture on a Qwen3 drafter: vLLM loads it as DeepSeek-V4 "
                       "unless model_type is exactly `qwen3`"),
     "DSH308": (WARNING, "the embedding output (layer id -1 / hidden-state index 0) among the ids: a numbering mix-up?"),
     "DSH309": (WARNING, "target layer ids are the target's usual ids shifted by one (a numbering mix-up)"),
     "DSH310": (WARNING, "the drafter names another target (speculators verifier) than the one it is checked against"),
+    # found by `convert`, which compares the copies' bytes (validate reads headers only); tests/conformance
+    "DSH312": (ERROR, "a frozen embedding / LM-head copy differs from the target's bytes (trained for another "
+                      "target)"),
 }
 ALL_CODES = {**CODES, **LAYOUT_CODES}
 
@@ -232,6 +245,7 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
     if len(floats) > 1 and spec.family != "deepseek-v4":
         out.add("DSH206", f"weights mix floating dtypes {sorted(floats)}", found=sorted(floats),
                 hint="vLLM casts to one dtype at load; make sure the lossy direction is intended")
+    _check_sidecar(d, out)
     if n is not None:
         p = spec.proposals_per_block
         if n > p:
@@ -241,6 +255,38 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
         elif n < p:
             out.add("DSH402", f"num_speculative_tokens {n} is below the {p} tokens a block was trained to "
                     "propose (allowed by vLLM 0.32)", expected=p, found=n)
+
+
+def _check_sidecar(d: OpenedDraft, out: _Collector) -> None:
+    """The confidence calibration sidecar ``dspark_sts.json`` (``dsparkhub calibrate``), when the folder has one:
+    SGLang 0.5.23 refuses to start when it does not decode (``dspark_sts.py`` lines 9-31) or when its length is not
+    the runtime γ, which is the drafter's ``block_size`` by default (``dspark_planner.py`` lines 107-113,
+    ``dspark_config.py`` lines 295-297)."""
+    if d.checkpoint.remote:
+        return
+    import json
+
+    from .calibrate import STS_FILE, sidecar_problems
+
+    path = Path(d.checkpoint.path) / STS_FILE
+    if not path.is_file():
+        return
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data, problems = None, [f"not valid JSON ({exc})"]
+    else:
+        problems = sidecar_problems(data)
+    if problems:
+        out.add("DSH502", f"{STS_FILE} would be refused by SGLang's reader: {'; '.join(problems)}",
+                location=str(path), hint="re-run `dsparkhub calibrate --overwrite`, or remove the file")
+        return
+    gamma = len(data["temperatures"])
+    if gamma != d.spec.block_size:
+        out.add("DSH501", f"{STS_FILE} holds {gamma} temperatures but the drafter's block size is "
+                f"{d.spec.block_size}; SGLang refuses a table whose γ differs from the runtime γ",
+                location=f"{path} key temperatures", expected=d.spec.block_size, found=gamma,
+                hint="re-run `dsparkhub calibrate --overwrite` on this drafter")
 
 
 def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:
@@ -272,7 +318,7 @@ def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:
         # maps it to its Qwen3-style dense class (models/dspark.py:967, EntryClass :995).
         model_type = cfg.get("model_type")
         if model_type != "qwen3":
-            out.add("DSH114", f"architectures {archs} with model_type {model_type!r}: vLLM 0.32 loads this Qwen3 "
+            out.add("DSH115", f"architectures {archs} with model_type {model_type!r}: vLLM 0.32 loads this Qwen3 "
                     "drafter as DeepSeek-V4 (it renames DSparkDraftModel to Qwen3DSparkModel only for model_type "
                     "exactly `qwen3`); SGLang 0.5.23 loads it as its Qwen3-style DSparkDraftModel",
                     location=f"{cfg_file} key architectures", expected='["Qwen3DSparkModel"]', found=archs,
@@ -286,14 +332,38 @@ def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:
                 location=f"{cfg_file} key sample_from_anchor", expected="true or false, written explicitly",
                 found="absent", hint="check how it was trained, then convert with --declare-block-layout "
                                      "anchor_first if needed (convert always writes the key)")
+    if d.recipe.name == "speculators" and spec.variant == "dspark" and spec.causal is not None:
+        # vLLM 0.32 transformers_utils/configs/speculators/algos.py: update_dflash writes dflash_config.causal from
+        # sliding_window_non_causal, update_dspark does not, so qwen3_dflash.py:86 falls back to the layer types
+        sliding = [i for i, t in enumerate(spec.decoder_config.get("layer_types") or []) if t == "sliding_attention"]
+        wrong = [i for i in sliding if i < len(spec.causal) and not spec.causal[i]]
+        if wrong:
+            out.add("DSH114", f"draft layers {wrong} are bidirectional sliding layers (sliding_window_non_causal: "
+                    "true), but vLLM 0.32 serves a speculators DSpark's sliding layers causally (algos.py "
+                    "update_dspark sets no `causal`; qwen3_dflash.py:86 then follows layer_types)",
+                    location=f"{cfg_file} key sliding_window_non_causal", expected="causal as trained",
+                    found="causal in vLLM", hint="serve the output of `dsparkhub convert` (--to vllm writes "
+                                                 "is_causal: false, which vLLM reads first)")
     if d.recipe.stages:
-        for key, code in (("num_nextn_predict_layers", "DSH110"), ("n_mtp_layers", "DSH111")):
-            declared = cfg.get(key)
-            if declared is not None and declared != spec.num_layers:
-                out.add(code, f"`{key}` says {declared} but the checkpoint holds {spec.num_layers} drafter stages "
-                        f"(mtp.0 .. mtp.{spec.num_layers - 1}); dsparkhub trusts the tensors",
-                        location=f"{cfg_file} key {key}", expected=spec.num_layers, found=declared,
-                        hint="vLLM's DSpark path counts stages from the checkpoint, not from this key")
+        # vLLM 0.32 DSparkDeepseekV4Model.__init__: `n_mtp_layers or 3` (deepseek_v4/nvidia/dspark.py:111); V4.1:
+        # `n_mtp_layers or num_nextn_predict_layers or 3` (deepseek_v41/nvidia/dspark.py:89-93). Too few built stages
+        # make the extra mtp.{i}.* a KeyError at load; too many leave stages uninitialised.
+        v41 = cfg.get("model_type") == "deepseek_v41"
+        n_mtp, nextn = cfg.get("n_mtp_layers"), cfg.get("num_nextn_predict_layers")
+        key = "n_mtp_layers" if n_mtp else "num_nextn_predict_layers" if v41 and nextn else None
+        built = cfg[key] if key else 3
+        if built != spec.num_layers:
+            source = f"from `{key}`" if key else "its default: n_mtp_layers is absent" + (
+                "" if v41 else " and V4 does not read num_nextn_predict_layers")
+            out.add("DSH111", f"vLLM 0.32 builds {built} DSpark stages ({source}) but the checkpoint holds "
+                    f"{spec.num_layers} (mtp.0 .. mtp.{spec.num_layers - 1})",
+                    location=f"{cfg_file} key {key or 'n_mtp_layers'}", expected=spec.num_layers, found=built,
+                    hint=f"set n_mtp_layers: {spec.num_layers} (`dsparkhub convert` / `attach` write it)")
+        if nextn is not None and nextn != spec.num_layers and key != "num_nextn_predict_layers":
+            out.add("DSH110", f"`num_nextn_predict_layers` says {nextn} but the checkpoint holds {spec.num_layers} "
+                    f"drafter stages (mtp.0 .. mtp.{spec.num_layers - 1}); vLLM's DSpark path does not read it here",
+                    location=f"{cfg_file} key num_nextn_predict_layers", expected=spec.num_layers, found=nextn,
+                    hint="vLLM's DSpark path counts stages from n_mtp_layers")
     numbering = d.recipe.data.get("target_layer_ids_numbering")
     keys = d.recipe.read_keys("target_layer_ids")
     if numbering == "hidden_state_index" and -1 in spec.target_layer_ids:
@@ -350,7 +420,7 @@ def _check_d2t(d: OpenedDraft, out: _Collector) -> None:
         out.add("DSH205", "d2t maps two draft ids to the same target id", location="tensor d2t")
 
 
-def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
+def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector, engine: str = "vllm") -> None:
     spec = d.spec
     cfg_file = str(Path(d.checkpoint.path) / "config.json")
     if spec.target_hidden_size != t.hidden_size:
@@ -363,6 +433,7 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
     if spec.draft_vocab_size > t.vocab_size:
         out.add("DSH205", "draft vocab larger than the target vocab", location=f"{cfg_file} key draft_vocab_size",
                 expected=f"<= {t.vocab_size}", found=spec.draft_vocab_size)
+    _check_family(d, t, out)
     L = t.num_hidden_layers
     ids = spec.target_layer_ids
     outside = [i for i in ids if not -1 <= i < L]
@@ -370,17 +441,14 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
         hint = ""
         if max(ids) == L and all(-1 <= i - 1 < L for i in ids):
             hint = (f"ids {ids} look like hidden-state indices (layer index + 1); in layer-index numbering "
-                    f"they are {[i - 1 for i in ids]}, which include the target's last layer {L - 1}: vLLM would "
-                    "feed that layer's output un-normed while HF training saw it normed (DSH304), so such a drafter "
-                    "needs ids that stop at layer " + str(L - 2))
+                    f"they are {[i - 1 for i in ids]}, which include the target's last layer {L - 1}: its state is "
+                    "pre-norm in vLLM but normed in HF output_hidden_states (DSH304 for the reference engine, "
+                    "DSH313 for vLLM); ids that stop at layer " + str(L - 2) + " read the same everywhere")
         out.add("DSH303", f"target layer ids {outside} are outside the target's {L} layers",
                 location=f"{cfg_file} key target_layer_ids", expected=f"-1 <= id <= {L - 2}", found=ids,
                 hint=hint or "layer ids are 0-based decoder-layer indices")
     elif L - 1 in ids:
-        out.add("DSH304", f"target layer id {L - 1} is the target's last layer, whose HF hidden state is already "
-                "normed (DeepSpec refuses it)", location=f"{cfg_file} key target_layer_ids",
-                expected=f"<= {L - 2}", found=ids,
-                hint="if these are hidden-state indices, subtract 1 from each" if min(ids) >= 1 else "")
+        _check_final_layer(d, t, out, engine)
     if spec.num_target_layers is not None \
             and spec.layout in ("deepspec", "vllm", "zlab-dflash", "k3-dspark", "speculators") \
             and spec.num_target_layers != L:
@@ -423,8 +491,130 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
                     expected=f"{ref.dtype} {list(ref.shape)}", found=f"{mine.dtype} {list(mine.shape)}")
 
 
+#: safetensors dtype codes whose values can be NaN / Inf, and the torch dtype they are read as (F8_E4M3 has NaN but
+#: no Inf; F8_E8M0's 0xFF is NaN).
+_NONFINITE_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+                     "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
+#: bytes of tensor data read at once by the deep check (memory stays at a few times this, whatever the tensor)
+DEEP_CHUNK_BYTES = 16 << 20
+
+
+def count_nonfinite(path: str | Path, start: int, nbytes: int, dtype: str) -> tuple[int, int, int | None]:
+    """Count the NaN and Inf values of one tensor's data, read from its file in :data:`DEEP_CHUNK_BYTES` chunks.
+
+    Args:
+        path: the safetensors file.
+        start: byte offset of the tensor's data in the file (header included).
+        nbytes: bytes of the tensor's data.
+        dtype: safetensors dtype code; one of the floating codes of :data:`_NONFINITE_DTYPES`.
+
+    Returns:
+        ``(NaN count, Inf count, flat index of the first non-finite element or None)``.
+
+    Raises:
+        CheckpointFormatError: the file ends inside the tensor.
+    """
+    import torch
+
+    from .errors import CheckpointFormatError
+
+    td = getattr(torch, _NONFINITE_DTYPES[dtype])
+    size = torch.empty((), dtype=td).element_size()
+    chunk = max(size, DEEP_CHUNK_BYTES // size * size)
+    nan = inf = 0
+    first = None
+    with open(path, "rb") as f:
+        f.seek(start)
+        done = 0
+        while done < nbytes:
+            raw = f.read(min(chunk, nbytes - done))
+            if not raw:
+                raise CheckpointFormatError(f"the file ends {nbytes - done} bytes before the end of a tensor's data",
+                                            path=path)
+            x = torch.frombuffer(bytearray(raw), dtype=td)
+            x = x if dtype in ("F16", "BF16", "F32", "F64") else x.float()  # isnan / isinf need a wide dtype
+            bad_nan, bad_inf = torch.isnan(x), torch.isinf(x)
+            n_nan, n_inf = int(bad_nan.sum()), int(bad_inf.sum())
+            if (n_nan or n_inf) and first is None:
+                first = done // size + int((bad_nan | bad_inf).nonzero()[0])
+            nan, inf, done = nan + n_nan, inf + n_inf, done + len(raw)
+    return nan, inf, first
+
+
+def _check_values(d: OpenedDraft, out: _Collector) -> None:
+    """``validate --deep``: every floating tensor of the drafter read back and scanned for NaN / Inf (DSH207)."""
+    if d.checkpoint.remote:
+        return
+    for name in sorted(d.checkpoint.tensors):
+        info = d.checkpoint.tensors[name]
+        if info.dtype not in _NONFINITE_DTYPES or not info.nbytes:
+            continue
+        nan, inf, first = count_nonfinite(d.checkpoint.file_path(info), info.start, info.nbytes, info.dtype)
+        if nan or inf:
+            out.add("DSH207", f"tensor {name!r} holds {nan} NaN and {inf} Inf values out of {info.numel} (first at "
+                    f"flat index {first}); vLLM loads them without a word and the drafter proposes garbage",
+                    location=f"{d.checkpoint.file_path(info)} tensor {name}", expected="finite values",
+                    found=f"{nan} NaN, {inf} Inf", hint="the training run diverged or the file was damaged; "
+                                                       "re-export from a healthy step")
+#: where each engine reads a target layer's state: ``raw`` = the decoder layer's output before the final norm
+#: (vLLM 0.32 model_executor/models/qwen2.py:430-445 ``_maybe_add_hidden_state`` before ``self.norm``, which Qwen3
+#: inherits; deepseek_v4/nvidia/model.py:1482-1495), ``normed`` = HF ``output_hidden_states``, whose last entry is
+#: the final norm's output (the reference engine; DeepSpec eval/base_evaluator.py:100-112).
+ENGINE_FINAL_LAYER_STATE = {"vllm": "raw", "reference": "normed"}
+
+
+def _check_final_layer(d: OpenedDraft, t: TargetSpec, out: _Collector, engine: str) -> None:
+    """The target's last layer among the ids: DSH304 where the engine reads its state otherwise than the layout's
+    trainer saw it (recipe key ``final_layer_state``, default ``raw``), else DSH313."""
+    spec, L = d.spec, t.num_hidden_layers
+    cfg_file = str(Path(d.checkpoint.path) / "config.json")
+    trained = d.recipe.data.get("final_layer_state", "raw")
+    served = ENGINE_FINAL_LAYER_STATE[engine]
+    sources = (d.recipe.data.get("final_layer_state_source")
+               or "the layout's trainer is assumed to read decoder-layer outputs, as vLLM does")
+    shifted = "; if these are hidden-state indices, subtract 1 from each" if min(spec.target_layer_ids) >= 1 else ""
+    if trained != served:
+        out.add("DSH304", f"target layer id {L - 1} is the target's last layer: the {engine} engine reads its state "
+                f"{'after' if served == 'normed' else 'before'} the final norm "
+                f"({'HF output_hidden_states' if served == 'normed' else 'vLLM aux hidden states'}), while this "
+                f"{d.recipe.name} drafter was trained on it {'after' if trained == 'normed' else 'before'}",
+                location=f"{cfg_file} key target_layer_ids", expected=f"<= {L - 2}", found=spec.target_layer_ids,
+                hint=f"{sources}; DeepSpec's evaluator refuses these ids for the same reason "
+                     f"(eval/base_evaluator.py:100-112 assert_no_final_target_layer){shifted}")
+    else:
+        out.add("DSH313", f"target layer id {L - 1} is the target's last layer: {engine} reads its state as the "
+                f"{d.recipe.name} trainer did ({served}), but HF output_hidden_states returns it normed, so the "
+                "reference engine (`verify --backend reference`) and DeepSpec's evaluator refuse this drafter",
+                location=f"{cfg_file} key target_layer_ids", expected=f"<= {L - 2} for every engine",
+                found=spec.target_layer_ids,
+                hint=f"{sources}; verify it with --backend vllm{shifted}")
+
+
+def _check_family(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
+    """A DSpark drafter serves targets of its own backbone family only: vLLM 0.32 has one DSpark class per family
+    (qwen3_dspark.py, gemma4_dspark.py, deepseek_v4/*/dspark.py, K3DSparkConfig) and DeepSpec one trainer per target
+    family (deepspec/trainer/dspark_trainer.py Qwen3DSparkTrainer / Gemma4DSparkTrainer). DFlash / EAGLE-3 drafters
+    are exempt: z-lab ships Qwen3-backbone DFlash drafters for Llama and gpt-oss targets."""
+    from .families import family_of_target
+
+    spec = d.spec
+    if spec.variant != "dspark" and spec.layout != "deepspec":
+        return
+    theirs = family_of_target(t.model_type)
+    if theirs is None or theirs == spec.family:
+        return
+    out.add("DSH311", f"the drafter is a {spec.family} {spec.variant} drafter ({spec.architecture or spec.layout}) "
+            f"but the target {t.source} is {t.model_type!r}, a {theirs} model", location=str(
+                Path(d.checkpoint.path) / "config.json") + " key architectures",
+            expected=theirs, found=spec.family,
+            hint=f"a DSpark drafter is trained for one target family and vLLM 0.32 serves a {theirs} target's DSpark "
+                 f"drafter with its own class (converters/families/{theirs}.yaml target_model_types); is "
+                 f"{t.source} the target this drafter was trained on?")
+
+
 def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None = None, *,
-             num_speculative_tokens: int | None = None, layout: str | None = None) -> ValidationReport:
+             num_speculative_tokens: int | None = None, layout: str | None = None,
+             deep: bool = False, engine: str = "vllm") -> ValidationReport:
     """Check a drafter against vLLM 0.32's contract and, when given, its target — headers and configs only.
 
     Args:
@@ -432,6 +622,11 @@ def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | 
         target: local HF folder, Hub repo id, or an opened :class:`TargetSpec`; None skips the target checks.
         num_speculative_tokens: the n you intend to serve with, checked against the block size.
         layout: force the drafter's layout instead of detecting it.
+        deep: also read every floating tensor of the drafter and report NaN / Inf values (DSH207); reads all of
+            the drafter's bytes, in 16 MiB chunks.
+        engine: the engine that will read the target's hidden states, a key of :data:`ENGINE_FINAL_LAYER_STATE`
+            (``"vllm"``, default; ``"reference"``): decides whether the target's last layer among the ids is an
+            error (DSH304) or a warning (DSH313).
 
     Returns:
         :class:`ValidationReport` with every finding; ``report.ok`` is False when any finding is an error.
@@ -442,10 +637,14 @@ def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | 
     """
     d = draft if isinstance(draft, OpenedDraft) else open_draft(draft, layout=layout)
     t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
+    if engine not in ENGINE_FINAL_LAYER_STATE:
+        raise ValueError(f"engine {engine!r}: expected one of {sorted(ENGINE_FINAL_LAYER_STATE)}")
     out = _Collector()
     _check_intrinsic(d, out, num_speculative_tokens)
+    if deep:
+        _check_values(d, out)
     if t is not None:
-        _check_target(d, t, out)
+        _check_target(d, t, out, engine)
     findings = sorted(out.items, key=lambda f: (_ORDER[f.severity], f.code, f.location))
     return ValidationReport(str(d.checkpoint.path), None if t is None else t.source, d.recipe.name, findings,
                             d.spec.summary())

@@ -16,7 +16,7 @@ from dsparkhub.attach import ATTACH_RECORD, attach, detach
 from dsparkhub.checkpoint import open_checkpoint
 from dsparkhub.cli import main
 from dsparkhub.convert import convert
-from dsparkhub.errors import ConversionRefusedError, OutputExistsError, UnsafeCheckpointError
+from dsparkhub.errors import ConversionRefusedError, OutputExistsError, UnsafeCheckpointError, ValidationFailedError
 from dsparkhub.hashing import sha256_file
 from dsparkhub.recipes import open_draft
 from dsparkhub.testing import factories as F
@@ -54,7 +54,7 @@ def test_attach_links_target_shards_and_detach_restores_the_drafter_bit_for_bit(
     qt, run, v4 = setup
     before = _hashes(v4)
     mtimes = {p.name: p.stat().st_mtime_ns for p in v4.iterdir()}
-    r = attach(run, v4, tmp_path / "out")
+    r = attach(run, v4, tmp_path / "out", force=True)
     out = tmp_path / "out"
     shards = sorted(p.name for p in v4.glob("model-*.safetensors"))
     assert shards and all(r.linked[s] == "hardlink" for s in shards)
@@ -79,8 +79,12 @@ def test_attach_links_target_shards_and_detach_restores_the_drafter_bit_for_bit(
 
     d = open_draft(out)
     assert d.recipe.name == "deepseek-v4" and d.spec.num_layers == 2 and d.spec.target_layer_ids == [0, 1, 2]
+    # why attach refuses a Qwen3 drafter without --force (DSH311): vLLM 0.32's V4 DSpark class would find no
+    # hc_head_* and cannot load the DeepSpec head's bias (deepseek_v4/nvidia/dspark.py:139-156)
     report = validate(d, str(out))
-    assert report.ok, [f.message for f in report.errors]
+    assert {(f.code, f.location) for f in report.errors} == {
+        ("DSH201", "tensor hc_head_fn"), ("DSH201", "tensor hc_head_base"), ("DSH201", "tensor hc_head_scale"),
+        ("DSH202", "tensor confidence_head.proj.bias")}
 
     det = detach(out, tmp_path / "det")
     assert det.restored and det.layout == "deepspec"
@@ -92,7 +96,7 @@ def test_attach_links_target_shards_and_detach_restores_the_drafter_bit_for_bit(
 def test_attach_of_a_converted_drafter_reads_no_target_bytes(tmp_path, setup):
     qt, run, v4 = setup
     convert(run, tmp_path / "vllm", qt)  # drops embed / lm_head copies identical to the target's
-    r = attach(tmp_path / "vllm", v4, tmp_path / "out")
+    r = attach(tmp_path / "vllm", v4, tmp_path / "out", force=True)
     assert r.target_data_bytes_read == 0 and r.dropped == []
     assert detach(tmp_path / "out", tmp_path / "det").restored
     for name in ("config.json", "model.safetensors"):
@@ -102,7 +106,7 @@ def test_attach_of_a_converted_drafter_reads_no_target_bytes(tmp_path, setup):
 @pytest.mark.parametrize("mode", ["symlink", "copy"])
 def test_symlink_and_copy_modes(tmp_path, setup, mode):
     qt, run, v4 = setup
-    r = attach(run, v4, tmp_path / "out", link=mode)
+    r = attach(run, v4, tmp_path / "out", link=mode, force=True)
     shard = next(iter(sorted(v4.glob("model-0*.safetensors")))).name
     assert r.linked[shard] == mode
     assert (tmp_path / "out" / shard).is_symlink() == (mode == "symlink")
@@ -116,7 +120,7 @@ def test_symlink_and_copy_modes(tmp_path, setup, mode):
 
 def test_symlinks_out_of_an_attached_folder_must_match_its_record(tmp_path, setup):
     qt, run, v4 = setup
-    attach(run, v4, tmp_path / "out", link="symlink")
+    attach(run, v4, tmp_path / "out", link="symlink", force=True)
     out = tmp_path / "out"
     rec = json.loads((out / ATTACH_RECORD).read_text())
     shard = next(k for k, v in rec["target"]["files"].items() if v == "symlink" and k.endswith(".safetensors"))
@@ -138,16 +142,16 @@ def test_symlinks_out_of_an_attached_folder_must_match_its_record(tmp_path, setu
 def test_refusals(tmp_path, setup):
     qt, run, v4 = setup
     with pytest.raises(ConversionRefusedError, match="model_type is 'qwen3'"):
-        attach(run, qt, tmp_path / "o1")
+        attach(run, qt, tmp_path / "o1", force=True)
     shipped = F.make_v4_target(tmp_path / "v4-with-drafter", dspark_stages=3)
     with pytest.raises(ConversionRefusedError, match="already holds"):
-        attach(run, shipped, tmp_path / "o2")
+        attach(run, shipped, tmp_path / "o2", force=True)
     other = F.make_v4_target(tmp_path / "v4-other-embed", layers=4)  # random embed: the drafter's copy differs
     with pytest.raises(ConversionRefusedError, match="differs from the target's embed.weight"):
-        attach(run, other, tmp_path / "o3")
+        attach(run, other, tmp_path / "o3", force=True)
     (tmp_path / "o4").mkdir()
     with pytest.raises(OutputExistsError):
-        attach(run, v4, tmp_path / "o4")
+        attach(run, v4, tmp_path / "o4", force=True)
     assert not any(p.name.startswith(".o") for p in tmp_path.iterdir())  # no temporary folder left behind
 
 
@@ -165,7 +169,7 @@ def test_detach_without_record_extracts_mtp_stages(tmp_path):
 
 def test_cli_attach_and_detach(tmp_path, setup):
     qt, run, v4 = setup
-    res = CliRunner().invoke(main, ["convert", str(run), "--attach", str(v4), "--out", str(tmp_path / "out")])
+    res = CliRunner().invoke(main, ["convert", str(run), "--attach", str(v4), "--out", str(tmp_path / "out"), "--force"])
     assert res.exit_code == 0, res.output
     assert "hardlink" in res.output and "target tensor bytes read" in res.output
     res = CliRunner().invoke(main, ["detach", str(tmp_path / "out"), "--out", str(tmp_path / "det")])
@@ -188,7 +192,7 @@ def test_attach_into_real_size_v4_flash_skeleton_costs_the_drafters_bytes(tmp_pa
            "num_target_layers": 43, "markov_rank": 8, "markov_head_type": "vanilla", "enable_confidence_head": False,
            "sample_from_anchor": True}
     drafter = sparse_drafter(tmp_path / "drafter", cfg)
-    r = attach(drafter, sk.out, tmp_path / "out")
+    r = attach(drafter, sk.out, tmp_path / "out", force=True)  # a Qwen3 drafter: DSH311 without force
     assert r.target_data_bytes_read == 0
     assert r.drafter_bytes_written < 200 << 20 < sk.logical_bytes
     assert all(how == "hardlink" for how in r.linked.values())
@@ -211,10 +215,10 @@ def test_attach_the_embedded_example_drafter_and_detach_it(example, tmp_path):
         tensors = load_file(str(shard))
         tensors[name] = value.clone()
         save_file(tensors, str(shard), metadata={"format": "pt"})
-    r = attach(example.deepspec_run, v4, tmp_path / "out")
+    r = attach(example.deepspec_run, v4, tmp_path / "out", force=True)
     for shard in sorted(p.name for p in v4.glob("model-*.safetensors")):
         assert os.stat(tmp_path / "out" / shard).st_ino == os.stat(v4 / shard).st_ino
-    assert r.tensors and validate(tmp_path / "out", str(tmp_path / "out")).ok
+    assert r.tensors
     detach(tmp_path / "out", tmp_path / "det")
     step = (example.deepspec_run / "step_latest").resolve()
     for f in ["config.json"] + sorted(p.name for p in step.glob("*.safetensors")):
@@ -230,7 +234,7 @@ def test_overwrite_never_lands_on_a_folder_the_command_reads(tmp_path, setup):
     touched (with --overwrite the old OUT would otherwise be deleted)."""
     qt, run, v4 = setup
     runner = CliRunner()
-    res = runner.invoke(main, ["convert", str(run), "--attach", str(v4), "--out", str(tmp_path / "att")])
+    res = runner.invoke(main, ["convert", str(run), "--attach", str(v4), "--out", str(tmp_path / "att"), "--force"])
     assert res.exit_code == 0, res.output
     before = {f: _tree_hashes(f) for f in (qt, run, v4, tmp_path / "att")}
     step = str(run / "step_latest")
@@ -250,3 +254,26 @@ def test_overwrite_never_lands_on_a_folder_the_command_reads(tmp_path, setup):
         assert "OutputExistsError" in res.output and "choose an OUT outside" in res.output, (args, res.output)
     assert {f: _tree_hashes(f) for f in before} == before
     assert not (run / "converted").exists()
+
+
+def test_attach_refuses_a_drafter_of_another_family_without_force(tmp_path, setup):
+    """Issue 12 item 7: vLLM 0.32 serves a V4 target's DSpark drafter with DSparkDeepseekV4ForCausalLM, whose stages
+    are V4 decoder layers; a Qwen3 drafter's layers cannot be loaded there."""
+    qt, run, v4 = setup
+    with pytest.raises(ValidationFailedError, match="DSH311") as exc:
+        attach(run, v4, tmp_path / "out")
+    assert [f.code for f in exc.value.report.errors] == ["DSH311"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_detached_v4_drafter_attaches_back_clean(tmp_path):
+    shipped = F.make_v4_target(tmp_path / "shipped", layers=4, dspark_stages=2)
+    detach(shipped, tmp_path / "drafter")
+    bare = F.make_v4_target(tmp_path / "bare", layers=4)
+    attach(tmp_path / "drafter", bare, tmp_path / "out")
+    report = validate(tmp_path / "out", str(tmp_path / "out"))
+    assert report.ok, [(f.code, f.message) for f in report.errors]
+    src, out = open_checkpoint(shipped), open_checkpoint(tmp_path / "out")
+    mtp = sorted(n for n in src.tensors if n.startswith("mtp."))
+    assert sorted(n for n in out.tensors if n.startswith("mtp.")) == mtp
+    assert all(out.tensor_sha256(n) == src.tensor_sha256(n) for n in mtp)

@@ -67,3 +67,10 @@ def test_verify_bench(tmp_path):
     out = run_bench("verify", tmp_path)
     assert "lossless: True" in out, out
     assert re.search(r"measured speedup [\d.]+x = [\d.]+x of the prediction", out), out
+
+
+def test_index_bench_prints_both_formats_beside_json_load(tmp_path):
+    out = run_bench("index", tmp_path)
+    for label in ("save_pretrained (indent=2, sorted keys)", "compact"):
+        assert re.search(rf"index {re.escape(label)} \([\d.]+ [KMG]?B\): [\d.]+ s wall / [\d.]+ s CPU, peak RSS "
+                         rf"[\d.]+ [KMG]?B .*\| baseline: bare json.load of the same index: [\d.]+ s as a process", out)

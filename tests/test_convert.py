@@ -63,7 +63,10 @@ def test_differing_copy_is_kept_and_reported(tmp_path, target):
     g = torch.Generator().manual_seed(5)
     run = make_deepspec_drafter(tmp_path / "run", target, tensor_overrides={
         "lm_head.weight": torch.randn(128, 32, generator=g).to(torch.bfloat16)})
-    plan = plan_conversion(run, target)
+    # DeepSpec trains the copy frozen: one that differs is DSH312, refused unless asked (issue 12 item 7)
+    with pytest.raises(ValidationFailedError, match="DSH312"):
+        plan_conversion(run, target)
+    plan = plan_conversion(run, target, allow_different_embeddings=True)
     kept = {d.name: d for d in plan.copies}
     assert "lm_head.weight" in kept and "differs" in kept["lm_head.weight"].reason
     assert "embed_tokens.weight" not in kept
@@ -96,10 +99,11 @@ def test_anchor_first_cannot_become_one_plus_n(tmp_path, run, target):
         plan_conversion(run, target, to="zlab-dflash")
 
 
-def test_dflash_cannot_be_written_as_dspark(tmp_path, target):
+def test_dflash_asked_for_as_vllm_is_written_as_vllm_loads_it(tmp_path, target):
+    """vLLM 0.32 loads DFlash as DFlashDraftModel (registry.py), not as Qwen3DSparkModel (issue 12 item 12)."""
     z = make_zlab_dflash_drafter(tmp_path / "z", target)
-    with pytest.raises(ConversionRefusedError):
-        plan_conversion(z, target, to="vllm")
+    plan = plan_conversion(z, target, to="vllm")
+    assert plan.recipe.name == "zlab-dflash" and plan.config["architectures"] == ["DFlashDraftModel"]
 
 
 def test_refuses_to_overwrite_and_overwrites_when_asked(tmp_path, run, target):

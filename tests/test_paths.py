@@ -170,7 +170,8 @@ def test_attach_writes_nothing_outside_out_and_leaves_the_target_alone(models, t
     before = {p.name: p.read_bytes() for p in v4.iterdir()}
     parent = tmp_path / "outputs"
     parent.mkdir()
-    r = CliRunner().invoke(main, ["convert", str(run), "--attach", str(v4), "--out", str(parent / "out")])
+    r = CliRunner().invoke(main, ["convert", str(run), "--attach", str(v4), "--out", str(parent / "out"),
+                                  "--force"])  # a Qwen3 drafter into a V4 target: DSH311 without --force
     assert r.exit_code == 0, r.output
     assert _listing(parent) == {"out"}
     assert {p.name: p.read_bytes() for p in v4.iterdir()} == before

@@ -1,5 +1,5 @@
 """SGLang 0.5.23 as the second engine: the converted output both engines read, the legacy `DSparkDraftModel`
-architecture (DSH114), and SGLang's own checks (`dsparkhub sglang-check`) run from `.venv-sglang`.
+architecture (DSH115), and SGLang's own checks (`dsparkhub sglang-check`) run from `.venv-sglang`.
 
 The real-SGLang tests need `.venv-sglang` (built by `bash scripts/setup_sglang.sh`, which `scripts/setup.sh --test`
 calls). Locally they skip with a reason when it is missing; in CI (`CI=true`) they FAIL instead, so a broken SGLang
@@ -80,7 +80,7 @@ def test_legacy_dsparkdraftmodel_is_flagged_unless_model_type_is_qwen3(models, t
         cfg.pop("model_type")
         cfg_path.write_text(json.dumps(cfg))
     report = validate(run / "step_100", target)
-    assert ("DSH114" in report.codes) is flagged
+    assert ("DSH115" in report.codes) is flagged
 
 
 def test_convert_writes_qwen3dsparkmodel_for_a_legacy_dsparkdraftmodel(models, tmp_path):
@@ -94,7 +94,7 @@ def test_convert_writes_qwen3dsparkmodel_for_a_legacy_dsparkdraftmodel(models, t
     convert(run / "step_100", tmp_path / "out", target, force=True)
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3DSparkModel"]
-    assert "DSH114" not in validate(tmp_path / "out", target).codes
+    assert "DSH115" not in validate(tmp_path / "out", target).codes
 
 
 # ------------------------------------------------------------------------------ item 2: sglang-check (parent)

@@ -108,6 +108,12 @@ def _case_206(tmp, t):
     return _drafter(tmp, t, tensor_overrides={"layers.0.mlp.up_proj.weight": torch.zeros(64, 32)}), t, None
 
 
+def _case_207(tmp, t):
+    w = torch.zeros(64, 32, dtype=torch.bfloat16)
+    w[3, 5] = float("nan")
+    return _drafter(tmp, t, tensor_overrides={"layers.0.mlp.up_proj.weight": w}), t, None
+
+
 def _case_301(tmp, t):
     other = make_qwen3_target(tmp / "wide", hidden=48)
     return _drafter(tmp, t), other, None
@@ -122,8 +128,8 @@ def _case_303(tmp, t):
     return _drafter(tmp, t, target_layer_ids=(1, 2, 4)), t, None
 
 
-def _case_304(tmp, t):
-    return _drafter(tmp, t, target_layer_ids=(1, 2, 3)), t, None
+def _case_304(tmp, t):  # the reference engine reads the last layer normed (HF output_hidden_states)
+    return _drafter(tmp, t, target_layer_ids=(1, 2, 3)), t, None, "reference"
 
 
 def _case_305(tmp, t):
@@ -144,6 +150,16 @@ def _case_307(tmp, t):
     return _drafter(tmp, tied), tied, None
 
 
+def _case_311(tmp, t):
+    from dsparkhub.testing.factories import make_gemma4_target
+
+    return _drafter(tmp, t), make_gemma4_target(tmp / "gemma4"), None
+
+
+def _case_313(tmp, t):  # vLLM reads it before the final norm, as DeepSpec's target cache did
+    return _drafter(tmp, t, target_layer_ids=(1, 2, 3)), t, None
+
+
 def _case_401(tmp, t):
     return _drafter(tmp, t), t, 9
 
@@ -152,13 +168,29 @@ def _case_402(tmp, t):
     return _drafter(tmp, t), t, 3
 
 
+def _sidecar(folder, data):
+    (folder / "step_100" / "dspark_sts.json").write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return folder
+
+
+def _case_501(tmp, t):  # the fixture's block size is 7; a table fitted for γ = 5
+    return _sidecar(_drafter(tmp, t), {"temperatures": [1.5] * 5, "dataset": "x", "num_samples": 10}), t, None
+
+
+def _case_502(tmp, t):  # SGLang's DSparkStsCalibration.__post_init__ refuses a temperature <= 0
+    return _sidecar(_drafter(tmp, t), {"temperatures": [1.5] * 6 + [0.0]}), t, None
+
+
 CASES = {code: globals()[f"_case_{code[3:]}"] for code in CODES}
+#: codes only ``validate(deep=True)`` can find
+DEEP_CODES = {"DSH207"}
 
 
 @pytest.mark.parametrize("code", sorted(CODES))
 def test_each_finding_fires(code, tmp_path, target):
-    draft, tgt, n = CASES[code](tmp_path, target)
-    report = validate(draft, tgt, num_speculative_tokens=n)
+    draft, tgt, n, *engine = CASES[code](tmp_path, target)
+    report = validate(draft, tgt, num_speculative_tokens=n, deep=code in DEEP_CODES,
+                      engine=engine[0] if engine else "vllm")
     assert code in report.codes, [(f.code, f.message) for f in report.findings]
     finding = next(f for f in report.findings if f.code == code)
     assert finding.severity == CODES[code][0]
@@ -197,9 +229,11 @@ def test_cli_exit_codes_and_json(tmp_path, target, clean):
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.output)["ok"] is True
     bad = _drafter(tmp_path, target, name="bad", target_layer_ids=(1, 2, 3))
-    res = runner.invoke(main, ["validate", str(bad), "--target", str(target)])
+    res = runner.invoke(main, ["validate", str(bad), "--target", str(target), "--engine", "reference"])
     assert res.exit_code == 1
     assert "DSH304" in res.output and "FAILED" in res.output
+    res = runner.invoke(main, ["validate", str(bad), "--target", str(target)])  # vLLM: pre-norm, as trained
+    assert res.exit_code == 0 and "DSH313" in res.output
 
 
 def test_unreadable_drafter_is_one_paragraph_exit_1(tmp_path, target):
@@ -210,3 +244,61 @@ def test_unreadable_drafter_is_one_paragraph_exit_1(tmp_path, target):
     assert res.exit_code == 1
     assert "config.json is not valid JSON" in res.output
     assert "Traceback" not in res.output
+
+
+# ---- validate --deep: NaN / Inf in the data -------------------------------------------------------------------
+
+
+def test_deep_names_each_nonfinite_tensor_with_counts_and_first_index(tmp_path, target):
+    up = torch.zeros(64, 32, dtype=torch.bfloat16)
+    up[3, 5], up[10, 0], up[11, 1] = float("nan"), float("inf"), float("-inf")
+    norm = torch.ones(32, dtype=torch.bfloat16)
+    norm[31] = float("nan")
+    run = _drafter(tmp_path, target, tensor_overrides={"layers.0.mlp.up_proj.weight": up,
+                                                       "layers.1.input_layernorm.weight": norm})
+    assert "DSH207" not in validate(run, target).codes  # headers only by default
+    found = {f.location.rsplit(" ", 1)[-1]: f for f in validate(run, target, deep=True).findings
+             if f.code == "DSH207"}
+    assert sorted(found) == ["layers.0.mlp.up_proj.weight", "layers.1.input_layernorm.weight"]
+    f = found["layers.0.mlp.up_proj.weight"]
+    assert f.found == "1 NaN, 2 Inf" and f"flat index {3 * 32 + 5}" in f.message and "model.safetensors" in f.location
+    assert found["layers.1.input_layernorm.weight"].found == "1 NaN, 0 Inf"
+
+
+def test_deep_on_a_clean_conversion_finds_nothing(clean, target):
+    assert validate(clean, target, deep=True).findings == []
+
+
+def test_deep_reads_big_tensors_in_chunks_and_fp8(tmp_path, monkeypatch):
+    """A NaN in the last chunk of a tensor is found at its true flat index; float8 NaN too (e4m3 has no Inf)."""
+    from safetensors.torch import save_file
+
+    import dsparkhub.validate as v
+    from dsparkhub.checkpoint import read_header
+
+    monkeypatch.setattr(v, "DEEP_CHUNK_BYTES", 64)
+    x = torch.zeros(100, dtype=torch.float32)
+    x[97] = float("inf")
+    f8 = torch.zeros(40, dtype=torch.float8_e4m3fn)
+    f8[39] = float("nan")
+    save_file({"x": x, "f8": f8}, str(tmp_path / "m.safetensors"))
+    infos, _ = read_header(tmp_path / "m.safetensors")
+    assert v.count_nonfinite(tmp_path / "m.safetensors", infos["x"].start, infos["x"].nbytes, "F32") == (0, 1, 97)
+    assert v.count_nonfinite(tmp_path / "m.safetensors", infos["f8"].start, infos["f8"].nbytes,
+                             "F8_E4M3") == (1, 0, 39)
+
+
+def test_cli_deep_exits_1_on_nan(tmp_path, target):
+    w = torch.zeros(64, 32, dtype=torch.bfloat16)
+    w[0, 0] = float("nan")
+    run = _drafter(tmp_path, target, tensor_overrides={"layers.0.mlp.up_proj.weight": w})
+    ok = CliRunner().invoke(main, ["validate", str(run), "--target", str(target)])
+    deep = CliRunner().invoke(main, ["validate", str(run), "--target", str(target), "--deep"])
+    assert "DSH207" not in ok.output
+    assert deep.exit_code == 1 and "DSH207" in deep.output and "layers.0.mlp.up_proj.weight" in deep.output
+def test_a_sidecar_of_the_right_length_is_silent_and_bad_json_is_found(tmp_path, target):
+    run = _sidecar(_drafter(tmp_path, target), {"temperatures": [1.5] * 7, "ece_before": [0.1] * 7})
+    assert not {"DSH501", "DSH502"} & validate(run, target).codes
+    _sidecar(run, '{"temperatures": [1.5,')
+    finding = next(f for f in validate(run, target).findings if f.code == "DSH502")
+    assert "not valid JSON" in finding.message

@@ -79,7 +79,7 @@ def setup(tmp_path):
     return draft, target, prompts
 
 
-def no_validate(draft, target, n, warn=None):
+def no_validate(draft, target, n, warn=None, engine="vllm"):
     return None
 
 
@@ -149,12 +149,13 @@ def test_validate_report_listed(setup, monkeypatch):
 
     seen, report = {}, Report()
     monkeypatch.setattr(validate_mod, "validate",
-                        lambda d, t, num_speculative_tokens=None: seen.update(n=num_speculative_tokens) or report)
+                        lambda d, t, num_speculative_tokens=None, engine="vllm":
+                        seen.update(n=num_speculative_tokens, engine=engine) or report)
     draft, target, _ = setup
     with pytest.raises(ValidationFailedError) as ei:
         runner._validate(draft, target, 5)
     msg = str(ei.value)
-    assert seen["n"] == 5 and "2 error(s)" in msg and "[fc-width] fc.weight: fc.weight is [64, 128]" in msg
+    assert seen["n"] == 5 and seen["engine"] == "vllm" and "2 error(s)" in msg and "[fc-width] fc.weight: fc.weight is [64, 128]" in msg
     assert "[mask-token] mask_token_id 900" in msg and ei.value.report is report
 
 
@@ -357,7 +358,6 @@ def test_cli_verify_usage_errors_exit_2(setup, args):
 @pytest.mark.slow
 def test_end_to_end_reference_engine_and_card(example, tmp_path):
     """Real reference engine on the embedded example: verify (lossless, τ > 1) then a card from the results."""
-    pytest.importorskip("dsparkhub.verify.reference", reason="helper A's reference engine is not in the tree yet")
     import torch
 
     torch.set_num_threads(1)
@@ -385,7 +385,6 @@ def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
     A random drafter accepts little, but the greedy lossless check, the counters' consistency and the card's
     refusal-free path are real.
     """
-    pytest.importorskip("dsparkhub.verify.reference", reason="helper A's reference engine is not in the tree yet")
     import torch
 
     from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target

@@ -380,11 +380,13 @@ def make_k3_dspark_drafter(folder: str | Path, *, hidden: int = 32, layers: int 
 
 
 def v4_stage_tensors(prefix: str, *, hidden: int, experts: int, inter: int, g, last: bool, vocab: int,
-                     markov_rank: int, aux: int) -> dict[str, torch.Tensor]:
+                     markov_rank: int, aux: int, hc_head: bool = True) -> dict[str, torch.Tensor]:
     """Tensors of one DeepSeek-V4-style decoder layer at toy size, native V4 names (transformers 5.19
     ``conversion_mapping.py`` deepseek_v4: ``attn.*``, ``ffn.*``, ``attn_norm`` / ``ffn_norm``, ``hc_attn_*`` /
-    ``hc_ffn_*``, ``attn.attn_sink``); with ``last`` the DSpark pieces of the last stage (``main_proj``, ``main_norm``,
-    ``norm``, ``hc_head_*``, Markov head, bias-less confidence head)."""
+    ``hc_ffn_*``, ``attn.attn_sink``); with ``last`` the DSpark pieces of the last stage in vLLM 0.32's shapes
+    (deepseek_v4/nvidia/dspark.py DSparkDeepseekV4Model: ``main_proj`` [H, A*H], ``main_norm``, ``norm``,
+    ``hc_head_*`` [4, 4H] / [4] / [1] unless ``hc_head`` is False (V4.1 has none), Markov head [V, r] x 2, bias-less
+    confidence head [1, H + r] F32)."""
     r = _rand(g, torch.bfloat16)
     bf = torch.bfloat16
     t = {prefix + "attn.wq_a.weight": r(hidden // 2, hidden), prefix + "attn.wq_b.weight": r(hidden, hidden // 2),
@@ -404,11 +406,13 @@ def v4_stage_tensors(prefix: str, *, hidden: int, experts: int, inter: int, g, l
     if last:
         t |= {prefix + "main_proj.weight": r(hidden, aux * hidden),
               prefix + "main_norm.weight": torch.ones(hidden, dtype=bf),
-              prefix + "norm.weight": torch.ones(hidden, dtype=bf), prefix + "hc_head_fn": r(4, hidden).float(),
-              prefix + "hc_head_base": torch.zeros(4), prefix + "hc_head_scale": torch.ones(1),
+              prefix + "norm.weight": torch.ones(hidden, dtype=bf),
               prefix + "markov_head.markov_w1.weight": r(vocab, markov_rank),
               prefix + "markov_head.markov_w2.weight": r(vocab, markov_rank),
-              prefix + "confidence_head.proj.weight": r(1, hidden).float()}
+              prefix + "confidence_head.proj.weight": r(1, hidden + markov_rank).float()}
+        if hc_head:
+            t |= {prefix + "hc_head_fn": r(4, 4 * hidden).float(), prefix + "hc_head_base": torch.zeros(4),
+                  prefix + "hc_head_scale": torch.ones(1)}
     return t
 
 
@@ -432,11 +436,12 @@ def make_v4_target(folder: str | Path, *, hidden: int = 32, layers: int = 4, voc
         shards[-1] |= v4_stage_tensors(f"layers.{i}.", hidden=hidden, experts=experts, inter=inter, g=g, last=False,
                                        vocab=vocab, markov_rank=markov_rank, aux=0)
     shards.append({"norm.weight": torch.ones(hidden, dtype=torch.bfloat16), "head.weight": r(vocab, hidden),
-                   "hc_head_fn": r(4, hidden).float(), "hc_head_base": torch.zeros(4), "hc_head_scale": torch.ones(1)})
+                   "hc_head_fn": r(4, 4 * hidden).float(), "hc_head_base": torch.zeros(4),
+                   "hc_head_scale": torch.ones(1)})
     for s in range(dspark_stages):
         shards.append(v4_stage_tensors(f"mtp.{s}.", hidden=hidden, experts=experts, inter=inter, g=g,
                                        last=s == dspark_stages - 1, vocab=vocab, markov_rank=markov_rank,
-                                       aux=len(dspark_target_layer_ids)))
+                                       aux=len(dspark_target_layer_ids), hc_head=model_type != "deepseek_v41"))
     n = len(shards)
     weight_map = {}
     total = 0

@@ -36,7 +36,8 @@ import torch
 
 from .. import __version__
 from ..errors import VerifyError
-from ..modeling import ContextCache, Drafter, load_drafter, target_features
+from ..modeling import ContextCache, Drafter, count_parameters, load_drafter, target_features
+from ..torch_threads import threads_for, torch_threads
 from .stats import RunStats
 
 __all__ = ["ReferenceEngine", "rejection_step", "load_target"]
@@ -93,6 +94,8 @@ class _Counters:
     draft_s: float = 0.0
     verify_s: float = 0.0
     steps: int = 0
+    recorder: object | None = None  # a ``calibration.ConfidenceRecorder`` (its ``record`` method); None in warm-up
+    prompt: int = 0
 
 
 class ReferenceEngine:
@@ -143,6 +146,9 @@ class ReferenceEngine:
             eos_token_id = [eos_token_id]
         self.eos_ids: set[int] = set() if ignore_eos or eos_token_id is None else {int(e) for e in eos_token_id}
         self._warm = False
+        # intra-op threads for the model size: small models run fastest on one (dsparkhub.torch_threads)
+        self.threads = threads_for(max(sum(p.numel() for p in self.target.parameters()),
+                                       count_parameters(drafter) if drafter is not None else 0), device=self._device)
         cfg = self.target.config
         self._vocab = int((cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg).vocab_size)
 
@@ -151,7 +157,7 @@ class ReferenceEngine:
         """What runs the engine, in words."""
         if self._device.type == "cuda":
             return f"{torch.cuda.get_device_name(self._device)} x1"
-        return f"{self._device.type} ({torch.get_num_threads()} threads)"
+        return f"{self._device.type} ({self.threads} thread{'s' if self.threads > 1 else ''})"
 
     def close(self) -> None:
         """Drop the models (the engine cannot run afterwards)."""
@@ -161,7 +167,14 @@ class ReferenceEngine:
     # -- public ---------------------------------------------------------------------------------------------------
 
     def run(self, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
-            temperature: float = 0.0, seed: int = 0) -> RunStats:
+            temperature: float = 0.0, seed: int = 0, recorder=None) -> RunStats:
+        """:meth:`_run` with ``self.threads`` intra-op threads (restored afterwards); same arguments and errors."""
+        with torch_threads(self.threads):
+            return self._run(prompts, num_speculative_tokens=num_speculative_tokens, max_new_tokens=max_new_tokens,
+                             temperature=temperature, seed=seed, recorder=recorder)
+
+    def _run(self, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
+             temperature: float = 0.0, seed: int = 0, recorder=None) -> RunStats:
         """Generate for each prompt (batch 1) and return outputs, counters and timings.
 
         Args:
@@ -170,6 +183,10 @@ class ReferenceEngine:
             max_new_tokens: output cap per prompt.
             temperature: 0 = greedy; > 0 = sampling with rejection sampling (lossless in distribution).
             seed: prompt i samples with a generator seeded ``seed + i``.
+            recorder: optional object with ``record(prompt, confidence_logits, accepted, verified)``, called once per
+                verify step (warm-up excluded) with the prompt's index, the raw confidence-head logits of the drafted
+                positions (k floats, before the sigmoid), the accepted count and the verified width k; see
+                :class:`dsparkhub.verify.calibration.ConfidenceRecorder`. Needs a drafter with a confidence head.
 
         Returns:
             :class:`RunStats`; ``wall_s`` covers generation only (after a one-off warm-up).
@@ -188,6 +205,9 @@ class ReferenceEngine:
             raise VerifyError(f"max_new_tokens must be >= 1, found {max_new_tokens}")
         if temperature < 0:
             raise VerifyError(f"temperature must be >= 0, found {temperature}")
+        if recorder is not None and (num_speculative_tokens is None or self.drafter.confidence_head is None):
+            raise VerifyError("recording confidences needs num_speculative_tokens and a drafter with a confidence "
+                              "head (enable_confidence_head and confidence_head.* tensors)")
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise VerifyError(f"prompt {i} is empty")
@@ -195,13 +215,14 @@ class ReferenceEngine:
         if not self._warm and prompts:
             self._generate(prompts[0], n, min(4, max_new_tokens), 0.0, None, _Counters(accepted_per_pos=[0] * (n or 0)))
             self._warm = True
-        counters = _Counters(accepted_per_pos=[0] * (n or 0))
+        counters = _Counters(accepted_per_pos=[0] * (n or 0), recorder=recorder)
         outputs: list[list[int]] = []
         wall = 0.0
         for i, prompt in enumerate(prompts):
             gen = None
             if temperature > 0:
                 gen = torch.Generator(device=self._device).manual_seed(seed + i)
+            counters.prompt = i
             self._sync()
             t0 = time.perf_counter()
             outputs.append(self._generate(prompt, n, max_new_tokens, temperature, gen, counters))
@@ -262,8 +283,10 @@ class ReferenceEngine:
             outputs.append(pending)
         return outputs
 
-    def _draft(self, anchor: int, pos: int, ctx: ContextCache, n: int, temperature: float, gen):
-        """Propose up to n tokens (target ids) and, for sampling, the [k, V] draft distributions they came from."""
+    def _draft(self, anchor: int, pos: int, ctx: ContextCache, n: int, temperature: float, gen,
+               confidence_out: list[float] | None = None):
+        """Propose up to n tokens (target ids) and, for sampling, the [k, V] draft distributions they came from;
+        ``confidence_out`` (when given) receives the raw confidence logit of each drafted position."""
         d = self.drafter
         anchor_t = torch.tensor([anchor], device=self._device)
         block_ids, positions, first = d.block_query(anchor_t, n, torch.tensor([pos], device=self._device))
@@ -271,7 +294,7 @@ class ReferenceEngine:
         base = d.base_logits(hidden).float()  # [n, Vd]
         use_markov = d.markov_head is not None
         vocab = self._vocab
-        if not use_markov and temperature == 0 and self.confidence_threshold is None:
+        if not use_markov and temperature == 0 and self.confidence_threshold is None and confidence_out is None:
             return d.to_target_ids(base.argmax(-1)).tolist(), None
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
@@ -285,10 +308,14 @@ class ReferenceEngine:
                 probs = torch.softmax(logits / temperature, dim=-1)
                 draft_id = torch.multinomial(probs, 1, generator=gen)
             tok = d.to_target_ids(draft_id)
-            if self.confidence_threshold is not None:
-                survival *= float(torch.sigmoid(d.confidence_logit(hidden[i:i + 1], prev))[0])
-                if survival < self.confidence_threshold and tokens:
-                    break
+            if self.confidence_threshold is not None or confidence_out is not None:
+                logit = d.confidence_logit(hidden[i:i + 1], prev)
+                if self.confidence_threshold is not None:
+                    survival *= float(torch.sigmoid(logit)[0])
+                    if survival < self.confidence_threshold and tokens:
+                        break
+                if confidence_out is not None:
+                    confidence_out.append(float(logit[0]))
             if temperature > 0:
                 q = torch.zeros(vocab, device=self._device)
                 q[d.to_target_ids(torch.arange(probs.shape[0], device=self._device))] = probs
@@ -304,7 +331,12 @@ class ReferenceEngine:
         while not self._done(outputs, max_new):
             self._sync()
             t0 = time.perf_counter()
-            drafts, q = self._draft(pending, pos, ctx, n, temperature, gen)
+            conf: list[float] | None = None
+            if c.recorder is None:
+                drafts, q = self._draft(pending, pos, ctx, n, temperature, gen)
+            else:
+                conf = []
+                drafts, q = self._draft(pending, pos, ctx, n, temperature, gen, confidence_out=conf)
             self._sync()
             t1 = time.perf_counter()
             k = len(drafts)
@@ -339,6 +371,8 @@ class ReferenceEngine:
             c.num_drafts += 1
             c.num_draft_tokens += k
             c.num_accepted_tokens += accepted
+            if c.recorder is not None:
+                c.recorder.record(c.prompt, conf, accepted, k)
             for j in range(accepted):
                 c.accepted_per_pos[j] += 1
             for tok in drafts[:accepted] + [bonus]:

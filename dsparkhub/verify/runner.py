@@ -184,12 +184,14 @@ def _check_torch_device(device: str | None) -> None:
                                 hint="use cpu, cuda or cuda:N")
 
 
-def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callable[[str], None] | None = None):
+def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callable[[str], None] | None = None,
+              engine: str = "vllm"):
     """Static checks before any model is loaded (``dsparkhub.validate``); raise with every error listed, pass
-    each warning (e.g. DSH401: n larger than a trained block) to ``warn``."""
+    each warning (e.g. DSH401: n larger than a trained block) to ``warn``. ``engine`` (``"reference"`` for the
+    reference backend, which reads HF ``output_hidden_states``) decides DSH304 vs DSH313."""
     from ..validate import validate
 
-    report = validate(draft, target, num_speculative_tokens=n)
+    report = validate(draft, target, num_speculative_tokens=n, engine=engine)
     for f in report.warnings if warn is not None else []:
         warn(f"warning [{f.code}] {f.message}")
     if not report.ok:
@@ -315,7 +317,9 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         if validate_fn is not None:
             validate_fn(draft, None if served_name else target, max(ns))
         else:
-            _validate(draft, None if served_name else target, max(ns), note)
+            name = backend if isinstance(backend, str) else getattr(backend, "name", "")
+            _validate(draft, None if served_name else target, max(ns), note,
+                      engine="reference" if name == "reference" else "vllm")
 
     from .prompts import load_datasets
 

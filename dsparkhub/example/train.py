@@ -1,6 +1,7 @@
-"""The embedded example: a tiny, really trained Qwen3 target and two drafters for it, built offline on CPU.
+"""Training the embedded example from scratch: a tiny Qwen3 target and two drafters for it, offline on CPU.
 
-``build_example()`` trains, deterministically and in a few minutes on 2 CPU cores:
+:func:`train_example_into` trains, seeded, in a few minutes on 2 CPU cores (float results differ across CPUs, so
+the shipped build in ``dsparkhub/data/example/`` is what every machine uses; see :mod:`dsparkhub.example`):
 
 1. a 1024-token byte-level BPE (``tokenizers``) and a 4-layer, hidden-192 ``transformers.Qwen3ForCausalLM`` target on
    the Python standard library's own top-level module sources (a code workload); some modules are held out and give
@@ -14,43 +15,32 @@
    LM head) on the same data,
 
 saves them in their real layouts (HF target folder; DeepSpec ``run/step_<N>/`` + ``step_latest``; z-lab DFlash folder)
-and measures τ with :class:`dsparkhub.verify.reference.ReferenceEngine`. The result is cached under
-``$DSPARKHUB_CACHE`` (default ``~/.cache/dsparkhub``) keyed by this module's and ``modeling.py``'s source and the
-Python / torch / transformers / tokenizers versions; a build happens in a temp folder renamed into place.
+and measures τ with :class:`dsparkhub.verify.reference.ReferenceEngine` (:func:`measure_example`).
 
-The module also offers small factory functions for tests (:func:`make_tiny_target`, :func:`make_tiny_drafter`):
-random tiny checkpoints with the real tensor names. It never touches the network.
+It never touches the network; the layout writers live in :mod:`dsparkhub.example.layouts`.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import math
-import os
-import shutil
 import sys
 import sysconfig
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from . import __version__
-from .errors import DsparkhubError, OutputExistsError
-from .modeling import Drafter, count_parameters, drafter_config_from_dict, target_features
+from .. import __version__
+from ..errors import DsparkhubError
+from ..modeling import Drafter, count_parameters, drafter_config_from_dict, target_features
+from .layouts import dflash_config_dict, dspark_config_dict, save_deepspec_step, save_safetensors
 
-__all__ = ["Example", "build_example", "example_cache_root", "example_key", "make_tiny_target",
-           "make_tiny_drafter", "dspark_config_dict", "dflash_config_dict", "save_deepspec_step",
-           "EXAMPLE_RECIPE"]
+__all__ = ["EXAMPLE_RECIPE", "SPECIAL_TOKENS", "train_example_into", "measure_example"]
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|mask|>"]  # ids 0, 1, 2
 EOS_ID, PAD_ID, MASK_ID = 0, 1, 2
-_PROGRESS = None  # development hook: a callable taking one line of progress text (None: silent)
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 # Everything that shapes the example, in one place (also written to info.json and train_config.py).
@@ -71,114 +61,6 @@ EXAMPLE_RECIPE = {
                "loss_decay_gamma": 4.0, "ce_loss_alpha": 0.1, "l1_loss_alpha": 0.9},
     "eval": {"num_prompts": 16, "prompt_chars": 360, "max_new_tokens": 96, "ns": [3, 5, 7]},
 }
-
-
-@dataclass
-class Example:
-    """Paths of a built example.
-
-    Attributes:
-        root: the cache folder of this build.
-        target: HF target folder (config.json, model.safetensors, tokenizer files with a chat template).
-        deepspec_run: DeepSpec run dir holding ``step_<N>/`` and the relative ``step_latest`` symlink.
-        dspark_step: the ``step_<N>`` folder of the DSpark drafter.
-        dflash: z-lab DFlash drafter folder (``DFlashDraftModel``, ``dflash_config``).
-        prompts: held-out evaluation prompts, JSONL lines ``{"prompt": "..."}``.
-        info: sizes, parameter counts, training seconds per phase, measured τ per n (``info.json``).
-    """
-
-    root: Path
-    target: Path
-    deepspec_run: Path
-    dspark_step: Path
-    dflash: Path
-    prompts: Path
-    info: dict
-
-
-# ---- cache ----------------------------------------------------------------------------------------------------
-
-
-def example_cache_root(cache_dir: str | Path | None = None) -> Path:
-    """``cache_dir``, else ``$DSPARKHUB_CACHE``, else ``~/.cache/dsparkhub``."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("DSPARKHUB_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "dsparkhub"
-
-
-def example_key() -> str:
-    """16 hex digits identifying a build: hash of the builder sources, the recipe and library versions."""
-    import tokenizers
-    import transformers
-
-    h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for name in ("example.py", "modeling.py"):
-        h.update((here / name).read_bytes())
-    h.update(json.dumps(EXAMPLE_RECIPE, sort_keys=True).encode())
-    h.update(f"{sys.version_info[:2]} {torch.__version__} {transformers.__version__} "
-             f"{tokenizers.__version__}".encode())
-    return h.hexdigest()[:16]
-
-
-def _load_built(root: Path) -> Example:
-    info = json.loads((root / "info.json").read_text())
-    run = root / "deepspec_run"
-    return Example(root=root, target=root / "target", deepspec_run=run, dspark_step=run / info["dspark_step"],
-                   dflash=root / "dflash_drafter", prompts=root / "prompts.jsonl", info=info)
-
-
-def build_example(cache_dir: str | Path | None = None, *, force: bool = False) -> Example:
-    """Build (or return the cached) embedded example.
-
-    Args:
-        cache_dir: cache root (default ``$DSPARKHUB_CACHE`` or ``~/.cache/dsparkhub``).
-        force: rebuild even if a complete build with the same key exists.
-
-    Returns:
-        :class:`Example` with the paths and ``info``.
-
-    Raises:
-        DsparkhubError: the standard library sources are missing (the training corpus).
-        OSError: the cache folder cannot be written.
-    """
-    root = example_cache_root(cache_dir)
-    final = root / f"example-{example_key()}"
-    if final.is_dir() and (final / "info.json").is_file() and not force:
-        return _load_built(final)
-    root.mkdir(parents=True, exist_ok=True)
-    # One build per key at a time: concurrent callers (parallel test sessions, a quickstart next to the tests)
-    # wait for the first builder instead of each training on the same 2 cores; the lock dies with its process.
-    with open(root / f".{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if final.is_dir() and (final / "info.json").is_file() and not force:
-            return _load_built(final)
-        return _build_locked(root, final, force)
-
-
-def _build_locked(root: Path, final: Path, force: bool) -> Example:
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-    try:
-        _build_into(tmp)
-        if final.exists():
-            if not force and (final / "info.json").is_file():  # a concurrent build won; keep its copy
-                shutil.rmtree(tmp, ignore_errors=True)
-                return _load_built(final)
-            old = root / f".{final.name}.old-{os.getpid()}"
-            final.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            tmp.rename(final)
-        except OSError as exc:
-            if final.is_dir() and (final / "info.json").is_file():
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                raise OutputExistsError(f"could not move the example into {final}: {exc}", path=final) from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return _load_built(final)
 
 
 # ---- building blocks ------------------------------------------------------------------------------------------
@@ -229,170 +111,10 @@ def _target_config(vocab_size: int):
                        architectures=["Qwen3ForCausalLM"])
 
 
-def dspark_config_dict(target_config: dict, *, num_hidden_layers: int, target_layer_ids: list[int], block_size: int,
-                       mask_token_id: int, markov_rank: int, intermediate_size: int | None = None,
-                       enable_confidence_head: bool = True, confidence_head_with_markov: bool = True,
-                       num_anchors: int = 512) -> dict:
-    """A DeepSpec Qwen3 DSpark ``config.json``: a copy of the target config plus the DSpark keys.
-
-    DeepSpec ``deepspec/modeling/dspark/qwen3/config.py`` ``build_draft_config`` (FORMATS §2): architectures
-    ``["Qwen3DSparkModel"]``, ``model_type`` kept, ``num_hidden_layers`` = draft layers, ``num_target_layers`` = the
-    target's layer count, top-level ``block_size`` / ``mask_token_id`` / ``target_layer_ids`` (layer-index numbering),
-    ``markov_rank`` / ``markov_head_type``, confidence flags, ``tie_word_embeddings`` false, ``layer_types``,
-    ``num_anchors``, ``_attn_implementation``.
-    """
-    cfg = json.loads(json.dumps(target_config))
-    for key in ("transformers_version", "dtype", "torch_dtype"):
-        cfg.pop(key, None)
-    cfg.update({
-        "architectures": ["Qwen3DSparkModel"],
-        "num_target_layers": int(target_config["num_hidden_layers"]),
-        "num_hidden_layers": num_hidden_layers,
-        "block_size": block_size,
-        "mask_token_id": mask_token_id,
-        "target_layer_ids": list(target_layer_ids),
-        "num_anchors": num_anchors,
-        "enable_confidence_head": enable_confidence_head,
-        "markov_rank": markov_rank,
-        "tie_word_embeddings": False,
-        "layer_types": ["full_attention"] * num_hidden_layers,
-        "_attn_implementation": "flex_attention",
-    })
-    if enable_confidence_head:
-        cfg["confidence_head_with_markov"] = confidence_head_with_markov
-    if markov_rank > 0:
-        cfg["markov_head_type"] = "vanilla"
-    if intermediate_size is not None:
-        cfg["intermediate_size"] = intermediate_size
-    return cfg
-
-
-def dflash_config_dict(target_config: dict, *, num_hidden_layers: int, target_layer_ids: list[int], block_size: int,
-                       mask_token_id: int, intermediate_size: int | None = None) -> dict:
-    """A z-lab DFlash ``config.json`` as vLLM 0.32 loads it (``DFlashDraftModel``; ``qwen3_dflash.py``).
-
-    Keys read by vLLM: Qwen3 geometry, ``dflash_config.{target_layer_ids, mask_token_id}`` (layer-index numbering,
-    vLLM adds 1), ``block_size`` (default ``num_speculative_tokens``), ``layer_types`` all full attention
-    (non-causal). ``num_target_layers`` is the target's layer count (z-lab ``dflash/model.py``).
-    """
-    cfg = json.loads(json.dumps(target_config))
-    for key in ("transformers_version", "dtype", "torch_dtype", "mask_token_id", "target_layer_ids"):
-        cfg.pop(key, None)
-    cfg.update({
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "num_target_layers": int(target_config["num_hidden_layers"]),
-        "num_hidden_layers": num_hidden_layers,
-        "block_size": block_size,
-        "dflash_config": {"target_layer_ids": list(target_layer_ids), "mask_token_id": mask_token_id},
-        "tie_word_embeddings": False,
-        "layer_types": ["full_attention"] * num_hidden_layers,
-    })
-    if intermediate_size is not None:
-        cfg["intermediate_size"] = intermediate_size
-    return cfg
-
-
-def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
-
-
-def save_deepspec_step(run_dir: Path, step: int, config: dict, tensors: dict[str, torch.Tensor], *,
-                       train_config: str, optimizer_state: dict | None) -> Path:
-    """Write ``run_dir/step_<step>/`` exactly as DeepSpec's checkpoint manager does and point ``step_latest`` at it.
-
-    Files: ``config.json``, ``model.safetensors`` (DeepSpec names, including frozen embed / lm_head copies),
-    ``train_config.py``, ``training_state.rank0.pt`` (``torch.save`` of the optimizer state; nothing in dsparkhub
-    loads it) and the relative symlink ``step_latest -> step_<step>``.
-    """
-    step_dir = run_dir / f"step_{step}"
-    step_dir.mkdir(parents=True, exist_ok=True)
-    (step_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    _save_safetensors(tensors, step_dir / "model.safetensors")
-    (step_dir / "train_config.py").write_text(train_config)
-    torch.save({"optimizer": optimizer_state or {}, "next_micro_step": step, "world_size": 1},
-               step_dir / "training_state.rank0.pt")
-    latest = run_dir / "step_latest"
-    if latest.is_symlink() or latest.exists():
-        latest.unlink()
-    latest.symlink_to(step_dir.name)
-    return step_dir
-
-
-# ---- tiny factories for tests --------------------------------------------------------------------------------
-
-
-def make_tiny_target(folder: str | Path, *, vocab_size: int = 96, hidden_size: int = 48, num_hidden_layers: int = 3,
-                     seed: int = 0, eos_token_id: int = 0, mask_token_id: int | None = None):
-    """Save a random tiny ``Qwen3ForCausalLM`` (untied embed / lm_head) to ``folder``; returns the model.
-
-    ``mask_token_id`` is stored in the config for the drafter factories to read (default: last id).
-    """
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
-                      intermediate_size=hidden_size * 2, max_position_embeddings=1024, tie_word_embeddings=False,
-                      eos_token_id=eos_token_id, architectures=["Qwen3ForCausalLM"])
-    model = Qwen3ForCausalLM(cfg).eval()
-    with torch.no_grad():  # sharper random distributions than the default init, so drafts can disagree
-        model.lm_head.weight.mul_(8.0)
-    folder = Path(folder)
-    model.save_pretrained(folder)
-    return model
-
-
-def make_tiny_drafter(folder: str | Path | None, target_model, *, kind: str = "dspark",
-                      target_layer_ids: list[int] | tuple[int, ...] = (0, 1), num_hidden_layers: int = 1,
-                      block_size: int | None = None, markov_rank: int = 8, confidence: bool = True,
-                      include_embed_head: bool = True, mask_token_id: int | None = None, seed: int = 1,
-                      layout: str = "deepspec") -> Drafter:
-    """A random drafter for ``target_model`` (embed / lm_head copied from it), optionally saved to ``folder``.
-
-    Args:
-        kind: ``"dspark"`` (DeepSpec config) or ``"dflash"`` (z-lab config, 1+N).
-        layout: for dspark, ``"deepspec"`` (``folder`` is a run dir with ``step_1`` + ``step_latest``) or
-            ``"flat"`` (config.json + model.safetensors directly in ``folder``).
-        include_embed_head: save ``embed_tokens`` / ``lm_head`` (DeepSpec) or drop them (converted / z-lab).
-    """
-    tcfg = target_model.config.to_dict()
-    mask = mask_token_id if mask_token_id is not None else tcfg["vocab_size"] - 1
-    if kind == "dspark":
-        cfg = dspark_config_dict(tcfg, num_hidden_layers=num_hidden_layers, target_layer_ids=list(target_layer_ids),
-                                 block_size=block_size or 4, mask_token_id=mask, markov_rank=markov_rank,
-                                 enable_confidence_head=confidence)
-    elif kind == "dflash":
-        cfg = dflash_config_dict(tcfg, num_hidden_layers=num_hidden_layers, target_layer_ids=list(target_layer_ids),
-                                 block_size=block_size or 5, mask_token_id=mask)
-    else:
-        raise ValueError(f"kind must be 'dspark' or 'dflash', found {kind!r}")
-    torch.manual_seed(seed)
-    drafter = Drafter(drafter_config_from_dict(cfg)).eval()
-    with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight)
-        drafter.lm_head.weight.copy_(target_model.get_output_embeddings().weight)
-    if folder is not None:
-        folder = Path(folder)
-        tensors = dict(drafter.state_dict())
-        if not include_embed_head or kind == "dflash":
-            tensors.pop("embed_tokens.weight")
-            tensors.pop("lm_head.weight")
-        if kind == "dspark" and layout == "deepspec":
-            save_deepspec_step(folder, 1, cfg, tensors, train_config="# tiny random drafter\n", optimizer_state=None)
-        else:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-            _save_safetensors(tensors, folder / "model.safetensors")
-    return drafter
-
-
 # ---- training --------------------------------------------------------------------------------------------------
 
 
-def _train_target(model, stream: torch.Tensor, r: dict, gen: torch.Generator) -> list[float]:
+def _train_target(model, stream: torch.Tensor, r: dict, gen: torch.Generator, progress=None) -> list[float]:
     seq, bs, steps = r["seq_len"], r["batch_size"], r["steps"]
     opt = torch.optim.AdamW(model.parameters(), lr=r["lr"], betas=(0.9, 0.95), weight_decay=0.01)
     model.train()
@@ -409,8 +131,8 @@ def _train_target(model, stream: torch.Tensor, r: dict, gen: torch.Generator) ->
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(float(out.loss.detach()))
-        if _PROGRESS and step % 20 == 0:
-            _PROGRESS(f"target step {step} loss {losses[-1]:.3f}")
+        if progress and step % 20 == 0:
+            progress(f"  target step {step}/{steps} loss {losses[-1]:.3f}")
     del n_windows
     model.eval()
     return losses
@@ -462,7 +184,7 @@ def _sample_anchors(valid: torch.Tensor, num: int, gen: torch.Generator) -> tupl
 
 
 def _train_drafter(drafter: Drafter, seqs, feats, last_hidden, target_lm_head, prompt_len: int, r: dict,
-                   gen: torch.Generator, *, anchor_first: bool) -> tuple[list[float], dict]:
+                   gen: torch.Generator, *, anchor_first: bool, progress=None) -> tuple[list[float], dict]:
     """DeepSpec-style training over sampled anchor blocks; returns (losses, optimizer state).
 
     Anchor-first (DSpark): query ``[anchor, mask × (B-1)]`` at positions a..a+B-1, slot k predicts a+k+1.
@@ -535,8 +257,8 @@ def _train_drafter(drafter: Drafter, seqs, feats, last_hidden, target_lm_head, p
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(float(loss.detach()))
-        if _PROGRESS and step % 20 == 0:
-            _PROGRESS(f"drafter step {step} loss {losses[-1]:.3f}")
+        if progress and step % 20 == 0:
+            progress(f"  drafter step {step}/{r['steps']} loss {losses[-1]:.3f}")
     drafter.eval()
     return losses, opt.state_dict()
 
@@ -563,14 +285,25 @@ def _train_config_text(name: str, cfg: dict, r: dict) -> str:
     return "\n".join(lines).replace("true", "True").replace("false", "False")
 
 
-def _build_into(out: Path) -> None:
-    """Build every artefact into ``out`` (a fresh temp folder)."""
+def train_example_into(out: Path, progress=None) -> None:
+    """Train every artefact into ``out`` (a fresh temp folder) and write its ``info.json``.
+
+    Args:
+        out: an empty folder.
+        progress: ``None`` or a callable taking one line of text, called per phase and every 20 training steps.
+
+    Raises:
+        DsparkhubError: the standard library sources are missing (the training corpus).
+    """
     from tokenizers import Tokenizer  # noqa: F401  (import error surfaces early)
     from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
-    from .verify.reference import ReferenceEngine
-
     rec = EXAMPLE_RECIPE
+
+    def say(line: str) -> None:
+        if progress:
+            progress(line)
+
     old_threads = torch.get_num_threads()
     torch.set_num_threads(rec["threads"])
     torch.manual_seed(rec["seed"])
@@ -600,7 +333,8 @@ def _build_into(out: Path) -> None:
         tcfg = _target_config(tok.get_vocab_size())
         torch.manual_seed(rec["seed"])
         target = Qwen3ForCausalLM(tcfg)
-        target_losses = _train_target(target, stream, rec["target"], gen)
+        say("training the target")
+        target_losses = _train_target(target, stream, rec["target"], gen, progress)
         timings["target_train_s"] = time.perf_counter() - t0
         target_dir = out / "target"
         target.generation_config.eos_token_id = EOS_ID
@@ -611,6 +345,7 @@ def _build_into(out: Path) -> None:
         hf_tok.chat_template = CHAT_TEMPLATE
         hf_tok.save_pretrained(target_dir)
 
+        say("regenerating the training data with the target")
         # regenerated data + target states
         t0 = time.perf_counter()
         seqs = _regenerate(target, stream, rec["regen"], gen)
@@ -622,6 +357,7 @@ def _build_into(out: Path) -> None:
         for p in target.parameters():
             p.requires_grad_(False)
 
+        say("training the DSpark drafter (DeepSpec recipe)")
         # DSpark drafter, DeepSpec layout
         t0 = time.perf_counter()
         rd = rec["dspark"]
@@ -631,13 +367,15 @@ def _build_into(out: Path) -> None:
                                   intermediate_size=rd["intermediate_size"], num_anchors=rd["num_anchors"])
         dspark = _init_drafter(dcfg, target, rec["seed"] + 1)
         dspark_losses, dspark_opt = _train_drafter(dspark, seqs, feats, last_hidden, lm_head,
-                                                   rec["regen"]["prompt_len"], rd, gen, anchor_first=True)
+                                                   rec["regen"]["prompt_len"], rd, gen, anchor_first=True,
+                                                   progress=progress)
         timings["dspark_train_s"] = time.perf_counter() - t0
         run_dir = out / "deepspec_run"
         step_dir = save_deepspec_step(run_dir, rd["steps"], dcfg, dict(dspark.state_dict()),
                                       train_config=_train_config_text("dspark", dcfg, rd),
                                       optimizer_state=dspark_opt)
 
+        say("training the DFlash drafter (z-lab layout)")
         # DFlash drafter, z-lab layout
         t0 = time.perf_counter()
         rf = rec["dflash"]
@@ -646,12 +384,12 @@ def _build_into(out: Path) -> None:
                                   mask_token_id=MASK_ID, intermediate_size=rf["intermediate_size"])
         dflash = _init_drafter(fcfg, target, rec["seed"] + 2)
         dflash_losses, _ = _train_drafter(dflash, seqs, feats, last_hidden, lm_head, rec["regen"]["prompt_len"],
-                                          rf, gen, anchor_first=False)
+                                          rf, gen, anchor_first=False, progress=progress)
         timings["dflash_train_s"] = time.perf_counter() - t0
         dflash_dir = out / "dflash_drafter"
         dflash_dir.mkdir()
         (dflash_dir / "config.json").write_text(json.dumps(fcfg, indent=2, sort_keys=True) + "\n")
-        _save_safetensors({k: v for k, v in dflash.state_dict().items()
+        save_safetensors({k: v for k, v in dflash.state_dict().items()
                            if not k.startswith(("embed_tokens.", "lm_head."))}, dflash_dir / "model.safetensors")
 
         # held-out prompts
@@ -660,24 +398,10 @@ def _build_into(out: Path) -> None:
             for p in prompts:
                 f.write(json.dumps({"prompt": p}) + "\n")
 
+        say("measuring τ with the reference engine")
         # measure τ with the reference engine, from the saved folders
         t0 = time.perf_counter()
-        prompt_ids = [tok.encode(p).ids for p in prompts]
-        tau: dict[str, dict[str, float]] = {"dspark": {}, "dflash": {}}
-        per_pos: dict[str, list[float]] = {}
-        lossless: dict[str, bool] = {}
-        base_engine = ReferenceEngine(target_dir, None)
-        baseline = base_engine.run(prompt_ids, num_speculative_tokens=None,
-                                   max_new_tokens=rec["eval"]["max_new_tokens"])
-        for name, folder in (("dspark", run_dir), ("dflash", dflash_dir)):
-            engine = ReferenceEngine(base_engine.target, folder)
-            for n in rec["eval"]["ns"]:
-                stats = engine.run(prompt_ids, num_speculative_tokens=n,
-                                   max_new_tokens=rec["eval"]["max_new_tokens"])
-                tau[name][str(n)] = round(stats.tau, 4)
-                if n == max(rec["eval"]["ns"]):
-                    per_pos[name] = [round(x, 4) for x in stats.per_position_acceptance]
-                    lossless[name] = stats.outputs == baseline.outputs
+        measured = measure_example(target_dir, run_dir, dflash_dir, out / "prompts.jsonl")
         timings["measure_s"] = time.perf_counter() - t0
         timings["total_s"] = time.perf_counter() - t_all
         info = {
@@ -705,11 +429,7 @@ def _build_into(out: Path) -> None:
                            "dspark": round(sum(dspark_losses[-20:]) / 20, 4),
                            "dflash": round(sum(dflash_losses[-20:]) / 20, 4)},
             "seconds": {k: round(v, 2) for k, v in timings.items()},
-            "tau": tau,
-            "per_position_acceptance_n7": per_pos,
-            "lossless_greedy": lossless,
-            "eval": {"num_prompts": len(prompts), "max_new_tokens": rec["eval"]["max_new_tokens"],
-                     "temperature": 0.0, "engine": base_engine.version},
+            **measured,
             "special_tokens": {"eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "mask_token_id": MASK_ID},
             "dspark_step": step_dir.name,
             "target_layer_ids": {"numbering": "layer index (HF hidden_states[id + 1])", "ids": layer_ids},
@@ -717,6 +437,47 @@ def _build_into(out: Path) -> None:
         (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
     finally:
         torch.set_num_threads(old_threads)
+
+
+def measure_example(target_dir: Path, dspark_dir: Path, dflash_dir: Path, prompts_file: Path) -> dict:
+    """τ of both drafters on the held-out prompts with the reference engine (greedy, ``EXAMPLE_RECIPE["eval"]``).
+
+    Args:
+        target_dir: the HF target folder (its tokenizer encodes the prompts).
+        dspark_dir: the DeepSpec run (or step) folder of the DSpark drafter.
+        dflash_dir: the z-lab DFlash drafter folder.
+        prompts_file: JSONL, one ``{"prompt": str}`` a line.
+
+    Returns:
+        ``{"tau": {"dspark"|"dflash": {"3"|"5"|"7": float}}, "per_position_acceptance_n7": {name: [float]},
+        "lossless_greedy": {name: bool}, "eval": {num_prompts, max_new_tokens, temperature, engine, device}}``;
+        τ rounded to 4 decimals, the bonus token included.
+    """
+    from transformers import AutoTokenizer
+
+    from ..verify.reference import ReferenceEngine
+
+    r = EXAMPLE_RECIPE["eval"]
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    prompts = [json.loads(line)["prompt"] for line in Path(prompts_file).read_text().splitlines() if line.strip()]
+    prompt_ids = [tok(p)["input_ids"] for p in prompts]
+    tau: dict[str, dict[str, float]] = {"dspark": {}, "dflash": {}}
+    per_pos: dict[str, list[float]] = {}
+    lossless: dict[str, bool] = {}
+    base_engine = ReferenceEngine(target_dir, None)
+    baseline = base_engine.run(prompt_ids, num_speculative_tokens=None, max_new_tokens=r["max_new_tokens"])
+    for name, folder in (("dspark", dspark_dir), ("dflash", dflash_dir)):
+        engine = ReferenceEngine(base_engine.target, folder)
+        for n in r["ns"]:
+            stats = engine.run(prompt_ids, num_speculative_tokens=n, max_new_tokens=r["max_new_tokens"])
+            tau[name][str(n)] = round(stats.tau, 4)
+            if n == max(r["ns"]):
+                per_pos[name] = [round(x, 4) for x in stats.per_position_acceptance]
+                lossless[name] = stats.outputs == baseline.outputs
+    device = base_engine.device
+    return {"tau": tau, "per_position_acceptance_n7": per_pos, "lossless_greedy": lossless,
+            "eval": {"num_prompts": len(prompts), "max_new_tokens": r["max_new_tokens"], "temperature": 0.0,
+                     "engine": base_engine.version, "device": device}}
 
 
 def _heldout_prompts(held: list[Path], r: dict) -> list[str]:
@@ -736,17 +497,3 @@ def _heldout_prompts(held: list[Path], r: dict) -> list[str]:
         if len(prompts) >= r["num_prompts"]:
             break
     return prompts
-
-
-def main(argv: list[str] | None = None) -> int:  # used by scripts/build_example.py
-    """Build the example and print its info (for ``scripts/build_example.py``)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Build the dsparkhub embedded example.")
-    parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--force", action="store_true")
-    args = parser.parse_args(argv)
-    ex = build_example(args.cache_dir, force=args.force)
-    sys.stdout.write(json.dumps({"root": str(ex.root), "seconds": ex.info["seconds"], "tau": ex.info["tau"],
-                                 "sizes": ex.info["sizes"]}, indent=2) + "\n")
-    return 0
