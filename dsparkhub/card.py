@@ -30,6 +30,7 @@ from typing import Any
 
 from . import __version__
 from .calibrate import card_context, plot_reliability
+from .card_engines import engine_checks, sglang_launch
 from .errors import CheckpointNotFoundError, DsparkhubError, ResultsError
 from .hashing import checkpoint_fingerprint
 from .target import target_repo_id
@@ -484,7 +485,8 @@ def _provenance_facts(provenance: dict | None) -> list[tuple[str, str]]:
 
 
 def build_context(draft: str | Path, results: list[VerifyResults], *, license: str = "apache-2.0",
-                  base_model: str | None = None, repo_id: str | None = None) -> dict[str, Any]:
+                  base_model: str | None = None, repo_id: str | None = None,
+                  checks: list[str | Path] | None = None) -> dict[str, Any]:
     """Everything the template renders, derived from the results, the drafter config and its provenance.
 
     Args:
@@ -494,9 +496,11 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
         base_model: target repo id for ``base_model``; default the provenance's or the results' target when it
             is a Hub repo id (a local path is never written as ``base_model``).
         repo_id: the drafter's Hub repo id (``NS/NAME``), used as ``model`` in the serve commands.
+        checks: ``vllm-check --json`` / ``sglang-check --json`` reports for the "Engine checks" lines.
 
     Raises:
-        CardError: the results disagree on the method, or the drafter config is unusable.
+        CardError: the results disagree on the method, the drafter config is unusable, or a check report is
+            unreadable.
     """
     draft = Path(draft)
     cfg = read_config(draft)
@@ -522,7 +526,11 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
         "card_data": _card_data(results, name=name, base_model=base_model, license=license, method=method),
         "name": name, "repo_id": repo_id, "method": method, "method_label": METHOD_LABELS.get(method, method),
         "target": target, "base_model": base_model, "facts": _config_facts(cfg),
-        "serve": serve_commands(serve_res, target=target, model=model),
+        "serve": (serve := serve_commands(serve_res, target=target, model=model)),
+        "sglang": sglang_launch(method, serve["n"], target=target, model=model,
+                                tensor_parallel_size=serve_res.settings.tensor_parallel_size,
+                                max_model_len=serve_res.settings.max_model_len),
+        "engine_checks": engine_checks(list(checks or [])),
         "serve_reference": _is_reference(serve_res),
         "sections": [_section(r, p) for r, p in zip(results, plots)],
         "calibration": card_context(draft),
@@ -601,7 +609,8 @@ CARD_MARKER = "<!-- written by `dsparkhub card`: running it again replaces this 
 
 def write_card(draft: str | Path, results_paths: list[str | Path], *, template: str | Path | None = None,
                license: str = "apache-2.0", base_model: str | None = None,
-               repo_id: str | None = None, overwrite: bool = False) -> CardOutput:
+               repo_id: str | None = None, overwrite: bool = False,
+               checks: list[str | Path] | None = None) -> CardOutput:
     """Write ``README.md`` and ``assets/*.png`` into the drafter folder from results files.
 
     Everything is rendered into a temporary folder inside ``draft`` first; the plots are then renamed into
@@ -628,7 +637,8 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
         raise CardError("the drafter folder already has a README.md that dsparkhub did not write", path=existing,
                         hint="pass --overwrite to replace it, or move it away first")
     results = load_results_for(draft, list(results_paths))
-    context = build_context(draft, results, license=license, base_model=base_model, repo_id=repo_id)
+    context = build_context(draft, results, license=license, base_model=base_model, repo_id=repo_id,
+                            checks=checks)
     text = render_card(context, template).rstrip("\n") + f"\n\n{CARD_MARKER}\n"
     staging = Path(tempfile.mkdtemp(prefix=".dsparkhub-card-", dir=draft))
     try:

@@ -274,6 +274,9 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
                    "proposes a different number of tokens per block (recorded in provenance).")
 @click.option("--attach", "attach_to", type=click.Path(), help="Write OUT = this DeepSeek-V4-style target folder "
               "with the drafter attached (mtp.* shards, dspark_* keys); target shards are hard-linked, not rewritten.")
+@click.option("--attach-as", type=click.Choice(["mtp", "dspark-subfolder"]), default="mtp", show_default=True,
+              help="With --attach: `mtp` = the DeepSeek-V4 form (mtp.* shards, dspark_* keys); `dspark-subfolder` = "
+                   "any target with the converted drafter under dspark/, which SGLang 0.5.23 finds by itself.")
 @click.option("--symlink", "link", flag_value="symlink", help="With --attach: symlink the target's files.")
 @click.option("--copy", "link", flag_value="copy", help="With --attach: copy the target's files.")
 @click.option("--allow-pickle", is_flag=True, help=_ALLOW_PICKLE_HELP)
@@ -281,8 +284,8 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
               "target's config `_name_or_path`, or the manifest its headers match).")
 @handle_errors
 def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, allow_different_embeddings,
-            max_shard_size, dry_run, as_json, draft_vocab, draft_vocab_from, declare_block_layout, attach_to, link,
-            allow_pickle, base_model):
+            max_shard_size, dry_run, as_json, draft_vocab, draft_vocab_from, declare_block_layout, attach_to, attach_as,
+            link, allow_pickle, base_model):
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
     from .convert import convert as run_convert, plan_conversion
 
@@ -295,6 +298,18 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
         if draft_vocab:
             raise click.UsageError("--draft-vocab is for standalone outputs: an attached V4 drafter shares the "
                                    "target's LM head")
+        if attach_as == "dspark-subfolder":
+            from .attach_subfolder import attach_subfolder
+
+            r = attach_subfolder(src, attach_to, out, layout=layout, link=link or "auto", overwrite=overwrite,
+                                 force=force, max_shard_bytes=max_shard_size)
+            if as_json:
+                echo_json({"out": str(r.out), "linked": r.linked, "draft_files": r.draft_files, "notes": r.notes})
+                return
+            click.echo(f"attached {src} as {r.out}/dspark ({len(r.linked)} target file(s) linked; "
+                       f"{', '.join(r.draft_files)}); SGLang finds it without --speculative-draft-model-path, "
+                       f"vLLM with \"model\": \"{r.out}/dspark\"")
+            return
         _attach(src, attach_to, out, layout=layout, link=link or "auto", overwrite=overwrite, force=force,
                 max_shard_size=max_shard_size, as_json=as_json)
         return
@@ -515,9 +530,10 @@ def _json_dict(ctx, param, value: str | None) -> dict | None:
 @click.argument("draft", type=click.Path())
 @click.option("--target", required=True, help="Target: HF folder (with tokenizer), or Hub repo id / served model "
               "name for the vLLM backends.")
-@click.option("--backend", type=click.Choice(["reference", "vllm", "vllm-serve"]), default="reference",
+@click.option("--backend", type=click.Choice(["reference", "vllm", "vllm-serve", "sglang-serve"]), default="reference",
               show_default=True, help="reference = dsparkhub's PyTorch engine (CPU); vllm = offline LLM; "
-              "vllm-serve = a running `vllm serve` (--server-url).")
+              "vllm-serve = a running `vllm serve` (--server-url); sglang-serve = a running SGLang server "
+              "(--server-url).")
 @click.option("--num-speculative-tokens", "-n", "ns", default="3,5,7", show_default=True, callback=_int_list,
               help="Comma-separated n values; each is measured against the same baseline.")
 @click.option("--datasets", multiple=True, help="Comma-separated or repeated: PATH.jsonl, NAME=PATH, builtin, "
@@ -535,9 +551,10 @@ def _json_dict(ctx, param, value: str | None) -> dict | None:
 @click.option("--max-model-len", type=click.IntRange(min=1), help="Engine context length (vLLM).")
 @click.option("--compilation-config", callback=_json_dict, help="vLLM compilation config as JSON.")
 @click.option("--server-url", help="Base URL of a running `vllm serve` started with the drafter "
-              "(--backend vllm-serve).")
+              "(--backend vllm-serve), or an SGLang server started with --speculative-algorithm "
+              "(--backend sglang-serve).")
 @click.option("--baseline-url", "--vllm-baseline-url", "baseline_url",
-              help="Base URL of a `vllm serve` of the same target without a drafter (--backend vllm-serve).")
+              help="Base URL of a server of the same target without a drafter (--backend vllm-serve / sglang-serve).")
 @click.option("--confidence-threshold", type=click.FloatRange(0.0, 1.0),
               help="Truncate drafts where the cumulative confidence drops below this (reference engine).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing results file --out.")
@@ -631,13 +648,15 @@ def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature,
 @click.option("--base-model", help="Target repo id for the card's base_model (default: from provenance/results).")
 @click.option("--repo-id", help="This drafter's Hub repo id (NS/NAME), used in the serve commands.")
 @click.option("--overwrite", is_flag=True, help="Replace a README.md that dsparkhub did not write.")
+@click.option("--checks", "check_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="`vllm-check --json` / `sglang-check --json` report: the card says which engines' checks passed.")
 @handle_errors
-def card(draft, results_paths, template, license_, base_model, repo_id, overwrite) -> None:
+def card(draft, results_paths, template, license_, base_model, repo_id, overwrite, check_paths) -> None:
     """Write README.md (model card) and plots into the drafter folder from verify results files."""
     from .card import write_card
 
     out = write_card(draft, list(results_paths), template=template, license=license_, base_model=base_model,
-                     repo_id=repo_id, overwrite=overwrite)
+                     repo_id=repo_id, overwrite=overwrite, checks=list(check_paths))
     click.echo(f"wrote {out.readme}")
     for p in out.plots:
         click.echo(f"wrote {p}")
@@ -784,6 +803,36 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
     else:
         click.echo(f"{report.draft}  (vLLM {report.vllm_version}, method {report.method}, "
                    f"n={report.num_speculative_tokens})")
+        for s in report.stages:
+            click.echo(f"  {s.name:<13} {s.status:<8} {s.message}")
+            for name in s.details.get("missing", [])[:20]:
+                click.echo(f"      missing: {name}")
+    if not report.ok:
+        sys.exit(1)
+
+
+# ---- sglang-check ------------------------------------------------------------------------------------------------
+
+
+@main.command("sglang-check")
+@click.argument("draft", type=click.Path(exists=True, file_okay=False), required=False)
+@click.option("--target", required=True, help="Target: local HF folder (SGLang reads its config.json).")
+@click.option("--algorithm", type=click.Choice(["DSPARK", "DFLASH"]),
+              help="SGLang --speculative-algorithm (default: DSPARK for a Markov-head drafter, else DFLASH).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@handle_errors
+def sglang_check(draft: str | None, target: str, algorithm: str | None, as_json: bool) -> None:
+    """Run SGLang 0.5.23's own checks of a drafter on CPU from .venv-sglang (scripts/setup_sglang.sh): server-argument
+    resolution and draft-config parsing, load_weights, engine. Without DRAFT, SGLang finds the drafter in the target
+    (dspark_* keys or a dspark/ subfolder). Exit 1 on failure (the engine stage is refused on CPU: SGLang serves
+    DSpark on CUDA / NPU / XPU only)."""
+    from .verify.sglang_checks import check_with_sglang
+
+    report = check_with_sglang(draft, target, algorithm=algorithm)
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        click.echo(f"{report.draft}  (SGLang {report.sglang_version}, --speculative-algorithm {report.algorithm})")
         for s in report.stages:
             click.echo(f"  {s.name:<13} {s.status:<8} {s.message}")
             for name in s.details.get("missing", [])[:20]:

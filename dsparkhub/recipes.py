@@ -639,6 +639,11 @@ def write_config(spec: DraftSpec, recipe: Recipe) -> dict:
         key = recipe.write_key(name)
         if key and value is not None:
             set_key(cfg, key, value)
+    # the same value under a second key where another engine reads it (vllm recipe: SGLang's dflash_config.*)
+    for name, keys in (w.get("mirror") or {}).items():
+        if values.get(name) is not None:
+            for key in keys:
+                set_key(cfg, key, values[name])
     layout_key = w.get("layout_key")
     if layout_key:
         for key, by_layout in layout_key.items():

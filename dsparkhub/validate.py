@@ -70,6 +70,8 @@ LAYOUT_CODES: dict[str, tuple[str, str]] = {
                         "trains anchor-first by default)"),
     "DSH114": (WARNING, "a speculators DSpark with bidirectional sliding layers, which vLLM 0.32 runs causally when "
                         "served in this layout"),
+    "DSH115": (ERROR, "legacy `DSparkDraftModel` architecture on a Qwen3 drafter: vLLM loads it as DeepSeek-V4 "
+                      "unless model_type is exactly `qwen3`"),
     "DSH308": (WARNING, "the embedding output (layer id -1 / hidden-state index 0) among the ids: a numbering mix-up?"),
     "DSH309": (WARNING, "target layer ids are the target's usual ids shifted by one (a numbering mix-up)"),
     "DSH310": (WARNING, "the drafter names another target (speculators verifier) than the one it is checked against"),
@@ -309,6 +311,18 @@ def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:
             out.add("DSH109", "`num_target_layers` must equal len(target_layer_ids) in a K3 config (the target's "
                     "layer count is `target_num_hidden_layers`)", location=f"{cfg_file} key num_target_layers",
                     expected=len(spec.target_layer_ids), found=n)
+    archs = cfg.get("architectures") or []
+    if "DSparkDraftModel" in archs and spec.family == "qwen3":
+        # vLLM 0.32 config/speculative.py:1423-1430 renames DSparkDraftModel to Qwen3DSparkModel only for
+        # model_type == "qwen3"; registry.py maps DSparkDraftModel to the DeepSeek-V4 class otherwise. SGLang 0.5.23
+        # maps it to its Qwen3-style dense class (models/dspark.py:967, EntryClass :995).
+        model_type = cfg.get("model_type")
+        if model_type != "qwen3":
+            out.add("DSH115", f"architectures {archs} with model_type {model_type!r}: vLLM 0.32 loads this Qwen3 "
+                    "drafter as DeepSeek-V4 (it renames DSparkDraftModel to Qwen3DSparkModel only for model_type "
+                    "exactly `qwen3`); SGLang 0.5.23 loads it as its Qwen3-style DSparkDraftModel",
+                    location=f"{cfg_file} key architectures", expected='["Qwen3DSparkModel"]', found=archs,
+                    hint="`dsparkhub convert` writes architectures [\"Qwen3DSparkModel\"] and model_type qwen3")
     if d.recipe.name == "speculators" and "sample_from_anchor" not in cfg:
         # vLLM 0.32 speculators/algos.py update_dspark / update_dflash: config_dict.get("sample_from_anchor", False);
         # speculators' DSparkSpeculatorConfig defaults it to True

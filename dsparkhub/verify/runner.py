@@ -32,7 +32,8 @@ from ..target import public_name
 from .results import METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results, target_fingerprint
 from .stats import Backend, RunStats
 
-BACKEND_NAMES = ("reference", "vllm", "vllm-serve")
+BACKEND_NAMES = ("reference", "vllm", "vllm-serve", "sglang-serve")
+SERVER_BACKENDS = ("vllm-serve", "sglang-serve")
 
 
 def detect_method(draft: str | Path) -> str:
@@ -66,7 +67,8 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
 
     Args:
         name: ``reference`` (dsparkhub's PyTorch engine, CPU or CUDA), ``vllm`` (vLLM offline ``LLM`` in a child
-            process) or ``vllm-serve`` (a running ``vllm serve`` at ``server_url``).
+            process), ``vllm-serve`` (a running ``vllm serve`` at ``server_url``) or ``sglang-serve`` (a running SGLang
+            server, :mod:`dsparkhub.verify.sglang_backend`).
         target / draft: target and drafter (folders, or what the engine accepts).
         method: ``dspark`` | ``dflash`` | ``eagle3`` (always passed explicitly to vLLM).
         device: ``cpu`` / ``cuda`` for the reference engine (None = its default).
@@ -88,6 +90,10 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
             raise EngineUnavailableError(f"the reference engine cannot be imported: {exc}") from exc
         # The method is read by dsparkhub.modeling from the drafter config; the seed goes to each run.
         return ReferenceEngine(target, draft, device=device or "cpu", confidence_threshold=confidence_threshold)
+    if name == "sglang-serve":
+        from .sglang_backend import SglangServerBackend
+
+        return SglangServerBackend.from_options(server_url, baseline_url=baseline_url)
     from .vllm_backend import VllmBackend, VllmServerBackend
 
     if name == "vllm":
@@ -109,8 +115,8 @@ def _check_engine_options(name: str, *, device: str | None, tensor_parallel_size
     """
     if name not in BACKEND_NAMES:
         raise EngineOptionError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
-    if name != "vllm-serve" and (server_url or baseline_url):
-        raise EngineOptionError("--server-url / --baseline-url are only for --backend vllm-serve")
+    if name not in SERVER_BACKENDS and (server_url or baseline_url):
+        raise EngineOptionError("--server-url / --baseline-url are only for --backend vllm-serve / sglang-serve")
     if name == "reference":
         if tensor_parallel_size != 1:
             raise EngineOptionError(f"the reference engine runs on one device; --tp {tensor_parallel_size} needs "
@@ -122,6 +128,9 @@ def _check_engine_options(name: str, *, device: str | None, tensor_parallel_size
                                 "model); drop --confidence-threshold or use --backend reference")
     if device is not None:
         raise EngineOptionError("--device is for the reference engine; vLLM picks its own device")
+    if name == "sglang-serve" and not server_url:
+        raise EngineOptionError("--backend sglang-serve needs --server-url (an SGLang server started with "
+                                "--speculative-algorithm DSPARK / DFLASH) and --baseline-url (the same target without)")
     if name == "vllm-serve" and not server_url:
         raise EngineOptionError("--backend vllm-serve needs --server-url (a `vllm serve` started with the drafter) "
                                 "and --baseline-url (the same target without a drafter)")
@@ -312,7 +321,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
 
     if check:
         # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
-        served_name = backend == "vllm-serve" and not Path(target).is_dir()
+        served_name = backend in SERVER_BACKENDS and not Path(target).is_dir()
         if validate_fn is not None:
             validate_fn(draft, None if served_name else target, max(ns))
         else:

@@ -1,0 +1,90 @@
+"""Attach a drafter as a ``dspark/`` subfolder of the target — the layout SGLang 0.5.23 finds by itself.
+
+SGLang's ``--speculative-algorithm DSPARK`` without ``--speculative-draft-model-path`` looks, after the bundled
+``dspark_*`` keys (DeepSeek-V4 style, :mod:`dsparkhub.attach`), for ``<model_path>/dspark/config.json`` (a local
+folder) or the Hub file ``dspark/config.json`` of the target repo, and loads that subfolder as the draft path
+(``arg_groups/speculative_hook.py:622-663`` ``_target_checkpoint_dspark_subfolder``, used at ``:720-755``).
+
+:func:`attach_subfolder` writes OUT = every file of the target, hard-linked (else symlinked, or copied when asked;
+never rewritten), plus ``dspark/`` = the standalone output of ``dsparkhub convert`` (the ``vllm`` layout, which
+SGLang reads unchanged). Unlike the V4 form this works for any target family (Qwen3, Gemma4, ...), and vLLM 0.32
+serves the same drafter with ``"model": "OUT/dspark"`` in ``--speculative-config`` (vLLM does not look for the
+subfolder itself). ``detach`` is not needed: ``OUT/dspark`` already is the standalone drafter.
+
+Does not: rewrite the target's ``config.json`` or index (the subfolder is found by its path alone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .attach import LINK_MODES, _place, _target_files
+from .errors import ConversionRefusedError
+from .writer import atomic_output, refuse_overlap
+
+__all__ = ["SUBFOLDER", "SubfolderAttachResult", "attach_subfolder"]
+
+#: sglang 0.5.23 arg_groups/speculative_hook.py:622 (_DSPARK_DRAFT_SUBFOLDER)
+SUBFOLDER = "dspark"
+
+
+@dataclass
+class SubfolderAttachResult:
+    """What :func:`attach_subfolder` wrote.
+
+    Attributes:
+        out: the target folder with the drafter under ``dspark/``. linked: target files placed in OUT,
+            name -> ``"hardlink"`` | ``"symlink"`` | ``"copy"``. draft_files: files written under ``dspark/``.
+        notes: conversion notes (from ``convert``).
+    """
+
+    out: Path
+    linked: dict[str, str]
+    draft_files: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def attach_subfolder(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout: str | None = None,
+                     link: str = "auto", overwrite: bool = False, force: bool = False,
+                     max_shard_bytes: int | None = None) -> SubfolderAttachResult:
+    """Write OUT = the target in ``target_dir`` plus ``dspark/`` = ``draft`` converted to the standalone layout.
+
+    Args:
+        draft: drafter folder in any known layout.
+        target_dir: a local target checkpoint folder (any family) without a ``dspark/`` subfolder.
+        out: output folder; must not exist unless ``overwrite``.
+        layout: force the drafter's layout instead of detecting it.
+        link: ``"auto"`` (hard link, else symlink), ``"hardlink"``, ``"symlink"`` or ``"copy"``.
+        overwrite: replace an existing ``out`` (atomically).
+        force: convert even when validation against the target reports errors.
+        max_shard_bytes: cap of the drafter's shards.
+
+    Returns:
+        :class:`SubfolderAttachResult`.
+
+    Raises:
+        ConversionRefusedError: unknown link mode, the target already has a ``dspark/`` subfolder, or hard-linking
+            was required and failed.
+        ValidationFailedError, OutputExistsError, CheckpointNotFoundError, LayoutError: see :func:`convert`.
+    """
+    from .convert import convert
+
+    if link not in LINK_MODES:
+        raise ConversionRefusedError(f"unknown link mode {link!r}; expected one of {LINK_MODES}")
+    target_dir, out = Path(target_dir), Path(out)
+    if (target_dir / SUBFOLDER).exists():
+        raise ConversionRefusedError(f"the target already has a {SUBFOLDER}/ subfolder; attaching would mix two "
+                                     "drafters", path=target_dir / SUBFOLDER,
+                                     hint="attach into a target without one")
+    refuse_overlap(out, {"drafter": draft, "target": target_dir})
+    linked: dict[str, str] = {}
+    with atomic_output(out, overwrite=overwrite) as tmp:
+        # the drafter first: a conversion refused against the target leaves nothing behind
+        result = convert(draft, tmp / SUBFOLDER, target_dir, layout=layout, force=force,
+                         max_shard_bytes=max_shard_bytes)
+        for src in _target_files(target_dir):
+            rel = src.relative_to(target_dir).as_posix()
+            linked[rel] = _place(src, tmp / rel, link)
+    files = sorted(p.relative_to(out / SUBFOLDER).as_posix() for p in (out / SUBFOLDER).rglob("*") if p.is_file())
+    return SubfolderAttachResult(out, linked, files, list(result.plan.draft.spec.notes))
