@@ -264,7 +264,7 @@ def test_refuse_malformed_and_missing(tmp_path):
     draft = make_drafter(tmp_path / "d")
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "dsparkhub.verify.results/1"}')
-    with pytest.raises(ResultsError, match="key `settings`: expected an object, found missing"):
+    with pytest.raises(ResultsError, match="key `settings`: expected a JSON object, found missing"):
         write_card(draft, [bad])
     with pytest.raises(CardError, match="at least one results file"):
         write_card(draft, [])
