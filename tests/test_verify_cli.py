@@ -340,7 +340,13 @@ def test_cli_verify_engine_refusal_exit_1(setup, tmp_path, cli_fake):
     res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "-n", "2,3",
                                     "--datasets", str(prompts), "--out", str(out), "--quiet"])
     assert res.exit_code == 1 and "refuses num_speculative_tokens=3" in res.output
-    assert not out.exists() and cli_fake["backend"].closed
+    assert cli_fake["backend"].closed
+    # the configurations measured before the refusal are kept, the rest marked incomplete
+    assert "partial results" in res.output and str(out) in res.output.replace("\n", "")
+    partial = VerifyResults.load(out)
+    assert [r.num_speculative_tokens for r in partial.datasets[0].runs] == [2]
+    assert partial.incomplete[0].startswith("stopped at ") and "n=3" in partial.incomplete[0]
+    assert "n=3 @ concurrency 1" in partial.incomplete[1]
 
 
 @pytest.mark.parametrize("args", [["-n", "3,x"], ["-n", "3,3"], ["--compilation-config", "[1]"],

@@ -22,7 +22,8 @@ Counters follow ``dsparkhub.verify.stats`` (vLLM ``v1/spec_decode/metrics.py``):
 tokens exclude the bonus, ``accepted_per_pos[k]`` counts steps accepting at least k + 1 tokens. Tokens accepted past
 an EOS or past ``max_new_tokens`` are counted as vLLM's scheduler counts them (accepted in that step) but not output.
 
-Not done here: batching (batch 1 only), prompt-lookup or other draft methods, adaptive verification (vLLM's budgeter);
+Batching (``run(..., concurrency=c)``, ragged) lives in ``dsparkhub.verify.batching``; this module's loop is batch 1.
+Not done here: prompt-lookup or other draft methods, adaptive verification (vLLM's budgeter);
 the optional ``confidence_threshold`` is a simple per-request truncation (see :meth:`ReferenceEngine.__init__`).
 """
 
@@ -118,6 +119,7 @@ class ReferenceEngine:
     """
 
     name = "reference"
+    interleaves = True  # switching configurations costs nothing: verify interleaves baseline and drafter runs
 
     def __init__(self, target, drafter=None, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  confidence_threshold: float | None = None, eos_token_id: int | list[int] | None = None,
@@ -153,6 +155,11 @@ class ReferenceEngine:
             return f"{torch.cuda.get_device_name(self._device)} x1"
         return f"{self._device.type} ({torch.get_num_threads()} threads)"
 
+    def num_parameters(self) -> int:
+        """Parameters of the target plus the drafter (for the choice of intra-op threads)."""
+        mods = [m for m in (self.target, self.drafter) if m is not None]
+        return sum(p.numel() for m in mods for p in m.parameters())
+
     def close(self) -> None:
         """Drop the models (the engine cannot run afterwards)."""
         self.target = None
@@ -161,8 +168,9 @@ class ReferenceEngine:
     # -- public ---------------------------------------------------------------------------------------------------
 
     def run(self, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
-            temperature: float = 0.0, seed: int = 0) -> RunStats:
-        """Generate for each prompt (batch 1) and return outputs, counters and timings.
+            temperature: float = 0.0, seed: int = 0, concurrency: int = 1, progress=None) -> RunStats:
+        """Generate for each prompt (batch 1, or ``concurrency`` requests together) and return outputs, counters
+        and timings.
 
         Args:
             prompts: token ids per prompt.
@@ -170,9 +178,12 @@ class ReferenceEngine:
             max_new_tokens: output cap per prompt.
             temperature: 0 = greedy; > 0 = sampling with rejection sampling (lossless in distribution).
             seed: prompt i samples with a generator seeded ``seed + i``.
+            concurrency: requests decoding together (> 1: ``batching.run_batched``, ragged batches).
+            progress: called with 1 per finished prompt.
 
         Returns:
-            :class:`RunStats`; ``wall_s`` covers generation only (after a one-off warm-up).
+            :class:`RunStats`; ``wall_s`` covers generation only (after a one-off warm-up), with per-prompt
+            ``ttft_s`` / ``latency_s``.
 
         Raises:
             VerifyError: bad arguments, a drafter is needed but missing, or an empty prompt.
@@ -195,9 +206,16 @@ class ReferenceEngine:
         if not self._warm and prompts:
             self._generate(prompts[0], n, min(4, max_new_tokens), 0.0, None, _Counters(accepted_per_pos=[0] * (n or 0)))
             self._warm = True
+        if concurrency != 1:
+            from .batching import run_batched
+
+            return run_batched(self, prompts, num_speculative_tokens=n, max_new_tokens=max_new_tokens,
+                               temperature=temperature, seed=seed, concurrency=concurrency, progress=progress)
         counters = _Counters(accepted_per_pos=[0] * (n or 0))
         outputs: list[list[int]] = []
         wall = 0.0
+        ttft: list[float] = []
+        latency: list[float] = []
         for i, prompt in enumerate(prompts):
             gen = None
             if temperature > 0:
@@ -207,7 +225,11 @@ class ReferenceEngine:
             outputs.append(self._generate(prompt, n, max_new_tokens, temperature, gen, counters))
             self._sync()
             wall += time.perf_counter() - t0
-        return RunStats(outputs=outputs, wall_s=wall, num_drafts=counters.num_drafts,
+            ttft.append(self._first_token_at - t0)
+            latency.append(time.perf_counter() - t0)
+            if progress:
+                progress(1)
+        return RunStats(ttft_s=ttft, latency_s=latency, outputs=outputs, wall_s=wall, num_drafts=counters.num_drafts,
                         num_draft_tokens=counters.num_draft_tokens, num_accepted_tokens=counters.num_accepted_tokens,
                         accepted_per_pos=counters.accepted_per_pos if n else [],
                         draft_s=counters.draft_s if n else 0.0, verify_s=counters.verify_s, steps=counters.steps)
@@ -233,6 +255,8 @@ class ReferenceEngine:
             out = self.target(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=n is not None,
                               logits_to_keep=1)
             pending = self._choose(out.logits[0, -1], temperature, gen)
+            self._sync()
+            self._first_token_at = time.perf_counter()  # TTFT of this request (read by ``run``)
             outputs = [pending]
             if n is None:
                 return self._decode_plain(pending, cache, outputs, max_new, temperature, gen, c)
