@@ -287,5 +287,5 @@ def test_concurrency_axis_best_n_and_where_it_stops_paying():
     assert lat.tpot_p50_ms == pytest.approx(100.0) and lat.tpot_p99_ms == pytest.approx(100.0)
     text = format_summary_table(r)
     assert "dataset @ concurrency 8" in text and "concurrency 8: best n = 5" in text
-    assert "the drafter stops paying at concurrency 32" in text
+    assert "the drafter does not pay from concurrency 32 on" in text
     assert VerifyResults.from_dict(json.loads(json.dumps(r.to_dict()))) == r

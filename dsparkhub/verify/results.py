@@ -894,7 +894,7 @@ def format_summary_table(results: VerifyResults) -> str:
         out.append(f"concurrency {row.concurrency}: best n = {row.best_n if row.best_n is not None else '-'}"
                    + ("" if row.best_n is not None else " (no reliable speedup)"))
     if results.stops_paying_at is not None:
-        out.append(f"the drafter stops paying at concurrency {results.stops_paying_at}")
+        out.append(f"the drafter does not pay from concurrency {results.stops_paying_at} on")
     out += [f"incomplete: {line}" for line in results.incomplete]
     return "\n".join(out).rstrip()
 
