@@ -475,3 +475,13 @@ def test_argument_errors_are_usage_errors(setup, tmp_path, cli_fake):
         res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--datasets", str(prompts),
                                         "-n", "2", "--quiet", *extra])
         assert res.exit_code == 2 and "Usage" in res.output and "_ArgError" not in res.output, res.output
+
+
+def test_cli_verify_concurrency_out_of_reach_exit_2(setup):
+    """vLLM backends here time one request at a time: --concurrency 8 is refused before anything loads."""
+    draft, target, prompts = setup
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--backend", "vllm",
+                                    "--concurrency", "1,8", "--datasets", str(prompts), "--quiet"])
+    assert res.exit_code == 2 and "runs one request at a time, so --concurrency 8 is out of its reach" in res.output
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--concurrency", "0"])
+    assert res.exit_code == 2 and "distinct positive integers" in res.output

@@ -246,7 +246,8 @@ def _check_concurrency(backend: Backend, concurrency: tuple[int, ...]) -> None:
     if max(concurrency) > 1 and not _accepts(backend, "concurrency"):
         raise EngineOptionError(
             f"backend {backend.name} runs one request at a time, so --concurrency {max(concurrency)} is out of its "
-            f"reach; measure serving load with --backend reference (batched decoding)", hint="drop --concurrency, or pick a backend that batches requests")
+            f"reach; measure serving load with --backend reference (batched decoding)",
+            hint="drop --concurrency, or pick a backend that batches requests")
 
 
 def _run_one(backend: Backend, prompts: list[list[int]], *, n: int | None, max_new_tokens: int,
@@ -338,6 +339,10 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         _check_engine_options(backend, device=device, tensor_parallel_size=tensor_parallel_size,
                               confidence_threshold=confidence_threshold, server_url=server_url,
                               baseline_url=baseline_url)
+        if backend != "reference" and max(load.concurrency) > 1:  # refused before any model loads
+            raise EngineOptionError(f"backend {backend} runs one request at a time, so --concurrency "
+                                    f"{max(load.concurrency)} is out of its reach; measure serving load with "
+                                    "--backend reference (batched decoding)", hint="drop --concurrency")
     if method is not None and method not in METHODS:
         raise VerifyArgumentError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     try:
