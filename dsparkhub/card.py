@@ -227,11 +227,13 @@ def _config_facts(cfg: dict) -> list[tuple[str, str]]:
 
 
 def _best_n(res: VerifyResults) -> int:
-    """The n with the highest mean speedup (ties: the smaller n); the largest mean τ when no speedup was timed."""
-    rows = [r for r in res.summary if r.mean_speedup is not None]
+    """The n with the highest *reliable* mean speedup at the lowest concurrency measured (ties: the smaller n); the
+    largest mean τ when no speedup there is reliable (an unreliable figure never chooses n)."""
+    summary = res.summary_at()
+    rows = [r for r in summary if r.mean_speedup is not None and r.reliable]
     if rows:
         return max(rows, key=lambda r: (r.mean_speedup, -r.num_speculative_tokens)).num_speculative_tokens
-    rows = [r for r in res.summary if r.mean_tau is not None] or res.summary
+    rows = [r for r in summary if r.mean_tau is not None] or summary
     return max(rows, key=lambda r: (r.mean_tau or 0.0, -r.num_speculative_tokens)).num_speculative_tokens
 
 
@@ -274,7 +276,7 @@ def plot_acceptance(res: VerifyResults, path: Path, *, target: str | None = None
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
-    for row in res.summary:
+    for row in res.summary_at():
         if row.mean_per_position_acceptance:
             xs = list(range(1, len(row.mean_per_position_acceptance) + 1))
             ax.plot(xs, row.mean_per_position_acceptance, marker="o", label=f"n={row.num_speculative_tokens}")
@@ -300,12 +302,14 @@ def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -
 
     fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
     top = 1.0
+    low = res.settings.concurrency[0]
     for ds in res.datasets:
-        pts = [(r.num_speculative_tokens, r.speedup) for r in ds.runs if r.speedup is not None]
+        pts = [(r.num_speculative_tokens, r.speedup) for r in ds.runs
+               if r.speedup is not None and r.concurrency == low]
         if pts:
             ax.plot(*zip(*pts), marker="o", label=ds.name)
             top = max([top] + [p[1] for p in pts])
-    mean = [(r.num_speculative_tokens, r.mean_speedup) for r in res.summary if r.mean_speedup is not None]
+    mean = [(r.num_speculative_tokens, r.mean_speedup) for r in res.summary_at() if r.mean_speedup is not None]
     if mean:
         ax.plot(*zip(*mean), marker="s", color="black", linestyle="--", label="mean")
     ax.axhline(1.0, color="grey", linewidth=0.8)
@@ -334,6 +338,47 @@ def _plot_title(what: str, res: VerifyResults, target: str | None = None) -> str
             f"on {target or public_text(res.target.id)}\n{_engine_label(res)}; datasets: {datasets}")
 
 
+def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | None = None,
+                                others: list[VerifyResults] = ()) -> Path:
+    """PNG: mean speedup (unweighted over datasets) vs concurrency, one line per n; unreliable points hollow.
+
+    ``others`` (further drafters' results) add one line each at their own best n per concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
+    for n in res.settings.num_speculative_tokens:
+        rows = [r for r in res.summary if r.num_speculative_tokens == n and r.mean_speedup is not None]
+        if not rows:
+            continue
+        line, = ax.plot([r.concurrency for r in rows], [r.mean_speedup for r in rows], marker="o",
+                        label=f"{label + ' ' if label else ''}n={n}")
+        bad = [r for r in rows if not r.reliable]
+        if bad:
+            ax.plot([r.concurrency for r in bad], [r.mean_speedup for r in bad], marker="o", linestyle="none",
+                    markerfacecolor="white", color=line.get_color())
+    for other in others:
+        pts = [(row.concurrency, row.best_speedup) for row in other.load if row.best_speedup is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="s", linestyle="--", label=f"{other.drafter.id} (best n)")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(res.settings.concurrency, [str(c) for c in res.settings.concurrency])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("speedup vs target alone, same concurrency")
+    tops = [r.mean_speedup for r in res.summary if r.mean_speedup is not None]
+    ax.set_ylim(0, max([1.0] + tops) * 1.1)  # from 0, as plot_speedup
+    ax.set_title(_plot_title("Speedup at serving load", res), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
 def _is_reference(res: VerifyResults) -> bool:
     return res.engine.backend == "reference"
 
@@ -348,10 +393,12 @@ def _engine_label(res: VerifyResults) -> str:
 # ---- context ------------------------------------------------------------------------------------------------------
 
 
-def _plot_names(results: list[VerifyResults]) -> list[tuple[str, str]]:
-    """Relative plot paths per results file: plain names for one file, ``_<backend>[_b...]`` for several."""
+def _plot_names(results: list[VerifyResults]) -> list[tuple[str, str, str]]:
+    """Relative plot paths per results file (acceptance, speedup vs n, speedup vs concurrency): plain names for one
+    file, ``_<backend>[_b...]`` for several."""
     if len(results) == 1:
-        return [(f"{ASSETS_DIR}/acceptance_per_position.png", f"{ASSETS_DIR}/speedup_vs_n.png")]
+        return [(f"{ASSETS_DIR}/acceptance_per_position.png", f"{ASSETS_DIR}/speedup_vs_n.png",
+                 f"{ASSETS_DIR}/speedup_vs_concurrency.png")]
     names, used = [], set()
     for res in results:
         tag = res.engine.backend.replace("-", "_")
@@ -359,21 +406,26 @@ def _plot_names(results: list[VerifyResults]) -> list[tuple[str, str]]:
         while (t := tag + ("" if k == 0 else "_" + chr(ord("a") + k))) in used:
             k += 1
         used.add(t)
-        names.append((f"{ASSETS_DIR}/acceptance_per_position_{t}.png", f"{ASSETS_DIR}/speedup_vs_n_{t}.png"))
+        names.append((f"{ASSETS_DIR}/acceptance_per_position_{t}.png", f"{ASSETS_DIR}/speedup_vs_n_{t}.png",
+                      f"{ASSETS_DIR}/speedup_vs_concurrency_{t}.png"))
     return names
 
 
-def _section(res: VerifyResults, plots: tuple[str, str]) -> dict[str, Any]:
+def _section(res: VerifyResults, plots: tuple[str, ...]) -> dict[str, Any]:
     ns = res.settings.num_speculative_tokens
     reference = _is_reference(res)
     rows = []
+    unreliable = []
     for ds in res.datasets:
         cells = []
         for n in ns:
             r = ds.run(n)
-            cells.append("-" if r is None else f"{fmt(r.speedup, suffix='x')} (τ {fmt(r.tau)})")
+            cells.append("-" if r is None else f"{fmt(r.speedup, suffix='x')}{' (unreliable)' if r.unreliable else ''}"
+                         f" (τ {fmt(r.tau)})")
+            unreliable += [f"{ds.name}, n={n}: {why}" for why in (r.unreliable if r is not None else [])]
         rows.append({"name": ds.name, "cells": cells})
-    mean = [f"{fmt(r.mean_speedup, suffix='x')} (τ {fmt(r.mean_tau)})" for r in res.summary]
+    mean = [f"{fmt(r.mean_speedup, suffix='x')}{' (unreliable)' if r.unreliable else ''} (τ {fmt(r.mean_tau)})"
+            for r in res.summary_at()]
     change = None
     if res.change is not None:
         c = res.change
@@ -383,8 +435,8 @@ def _section(res: VerifyResults, plots: tuple[str, str]) -> dict[str, Any]:
     per_pos = [{"n": r.num_speculative_tokens,
                 "cells": [fmt(v) for v in r.mean_per_position_acceptance]
                 + [""] * (max_n - len(r.mean_per_position_acceptance))}
-               for r in res.summary]
-    details = [{"dataset": ds.name, "n": r.num_speculative_tokens, "prompts": r.prompts,
+               for r in res.summary_at()]
+    details = [{"dataset": ds.name, "n": r.num_speculative_tokens, "concurrency": r.concurrency, "prompts": r.prompts,
                 "output_tokens": r.output_tokens, "base_tps": fmt(r.baseline_tokens_per_s, 1),
                 "tps": fmt(r.tokens_per_s, 1), "dtps": fmt(r.draft_tokens_per_step),
                 "per_pos": " / ".join(fmt(v) for v in r.per_position_acceptance),
@@ -414,7 +466,25 @@ def _section(res: VerifyResults, plots: tuple[str, str]) -> dict[str, Any]:
         "compilation_config": json.dumps(s.compilation_config) if s.compilation_config is not None else "default",
         "lossless": lossless, "warnings": [public_text(w) for w in res.warnings],
         "plot_acceptance": plots[0], "plot_speedup": plots[1],
+        "unreliable": unreliable, "incomplete": res.incomplete,
+        "concurrency": s.concurrency, "repeats": s.repeats, "order": s.order,
+        "load": _load_context(res),
+        "plot_concurrency": plots[2] if len(plots) > 2 and len(s.concurrency) > 1 else None,
     }
+
+
+def _load_context(res: VerifyResults) -> dict[str, Any] | None:
+    """The measured concurrency table (``results.load_table``) with the best n per concurrency, or None when
+    only one concurrency was measured."""
+    from .verify.results import load_table
+
+    if len(res.settings.concurrency) < 2:
+        return None
+    head, rows = load_table(res)
+    return {"head": head, "rows": rows,
+            "best": [{"concurrency": r.concurrency, "n": r.best_n, "speedup": fmt(r.best_speedup, suffix="x")}
+                     for r in res.load],
+            "stops_paying_at": res.stops_paying_at}
 
 
 def _card_data(results: list[VerifyResults], *, name: str, base_model: str | None, license: str,
@@ -644,7 +714,10 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
     try:
         written = []
         for res, sec in zip(results, context["sections"]):
-            for rel, plot in ((sec["plot_acceptance"], plot_acceptance), (sec["plot_speedup"], plot_speedup)):
+            todo = [(sec["plot_acceptance"], plot_acceptance), (sec["plot_speedup"], plot_speedup)]
+            if sec["plot_concurrency"]:
+                todo.append((sec["plot_concurrency"], plot_speedup_vs_concurrency))
+            for rel, plot in todo:
                 tmp = staging / Path(rel).name
                 plot(res, tmp, target=context["target"])
                 written.append((tmp, draft / rel))

@@ -558,15 +558,23 @@ def _json_dict(ctx, param, value: str | None) -> dict | None:
 @click.option("--confidence-threshold", type=click.FloatRange(0.0, 1.0),
               help="Truncate drafts where the cumulative confidence drops below this (reference engine).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing results file --out.")
+@click.option("--concurrency", "concurrency", default="1", show_default=True, callback=_int_list,
+              help="Comma-separated requests in flight (e.g. 1,8,32); each is measured with and without the "
+              "drafter (reference engine: batched decoding).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed repeats per configuration, baseline and drafter interleaved; speedups are medians and a "
+              "wide spread marks them unreliable.")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="Torch intra-op threads for the reference engine on CPU (default: chosen by model size).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @handle_errors
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
            device, tp, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
-           overwrite, quiet) -> None:
+           overwrite, concurrency, repeats, threads, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses."""
     from .verify.results import format_summary_table
-    from .verify.runner import VerifyArgumentError, run_verify
+    from .verify.runner import LoadOptions, VerifyArgumentError, run_verify
 
     if quiet:
         _hide_transformers_progress()
@@ -578,15 +586,20 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
                              compilation_config=compilation_config, confidence_threshold=confidence_threshold,
                              server_url=server_url, baseline_url=baseline_url, out=out, overwrite=overwrite,
                              progress=not quiet,
-                             raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
+                             raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True),
+                             load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats,
+                                              intra_op_threads=threads))
     except VerifyArgumentError as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
     if Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
         from .checkpoint import resolve_step_dir
 
         draft = resolve_step_dir(draft)
+    s = results.settings
+    load = "batch 1" if s.concurrency == [1] else f"concurrency {', '.join(map(str, s.concurrency))}"
     click.echo(f"{results.method} drafter {draft} on {results.engine.backend} ({results.engine.version}, "
-               f"{results.engine.device}); batch 1, temperature {temperature}, max {max_new_tokens} new tokens")
+               f"{results.engine.device}); {load}, {s.repeats} repeat(s) {s.order}, temperature {temperature}, "
+               f"max {max_new_tokens} new tokens")
     click.echo(format_summary_table(results))
     click.echo(f"wrote {out}")
     if results.lossless is False:
@@ -864,7 +877,7 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     from .testing.hub_server import LocalHub
     from .validate import validate as run_validate
     from .verify.results import format_summary_table
-    from .verify.runner import run_verify
+    from .verify.runner import LoadOptions, run_verify
 
     if quiet:
         _hide_transformers_progress()
@@ -894,7 +907,7 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     results = run_verify(drafter, ex.target, backend="reference", num_speculative_tokens=(3, 5, 7),
                          datasets=[f"heldout={ex.prompts}"], max_new_tokens=max_new_tokens, out=results_path,
                          overwrite=True,
-                         progress=not quiet)
+                         progress=not quiet, load=LoadOptions(repeats=3))  # interleaved, medians: honest timing
     click.echo(format_summary_table(results))
     click.echo(f"wrote {results_path}")
     click.echo("== 6/7 model card from the results")

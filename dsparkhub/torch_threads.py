@@ -22,21 +22,24 @@ __all__ = ["SMALL_MODEL_PARAMETERS", "threads_for", "torch_threads"]
 SMALL_MODEL_PARAMETERS = 50_000_000
 
 
-def threads_for(num_parameters: int, *, device: str | torch.device = "cpu") -> int:
-    """Intra-op threads for a model of ``num_parameters`` parameters on ``device``.
+def threads_for(num_parameters: int, *, device: str | torch.device = "cpu", cores: int | None = None) -> int:
+    """Intra-op threads for models of ``num_parameters`` parameters in all on ``device``.
 
     Args:
-        num_parameters: parameters of the largest model that will run (target or drafter), a count.
-        device: where it runs; on an accelerator the CPU threads only feed kernels, so 1.
+        num_parameters: parameters of the models that will run (target plus drafter), a count.
+        device: where they run; on an accelerator the CPU threads only feed kernels, so 1.
+        cores: usable cores (default ``$OMP_NUM_THREADS`` when set, else ``os.sched_getaffinity``).
 
     Returns:
-        1 for models under :data:`SMALL_MODEL_PARAMETERS` or off-CPU; else ``$OMP_NUM_THREADS`` when set, else
-        torch's default (``torch.get_num_threads()`` as started).
+        1 for models under :data:`SMALL_MODEL_PARAMETERS` or off-CPU; else every usable core (>= 1).
     """
     if torch.device(device).type != "cpu" or num_parameters < SMALL_MODEL_PARAMETERS:
         return 1
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    return int(env) if env.isdigit() and int(env) > 0 else torch.get_num_threads()
+    if cores is None:
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        cores = int(env) if env.isdigit() and int(env) > 0 else (
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return max(1, cores)
 
 
 @contextlib.contextmanager

@@ -281,7 +281,7 @@ def test_refuse_malformed_and_missing(tmp_path):
     draft = make_drafter(tmp_path / "d")
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "dsparkhub.verify.results/1"}')
-    with pytest.raises(ResultsError, match="key `settings`: expected an object, found missing"):
+    with pytest.raises(ResultsError, match="key `settings`: expected a JSON object, found missing"):
         write_card(draft, [bad])
     with pytest.raises(CardError, match="at least one results file"):
         write_card(draft, [])
@@ -429,3 +429,29 @@ def test_target_repo_id_from_config_manifest_headers_and_skeleton(tmp_path):
     write_skeleton("qwen3-8b", tmp_path / "skel")
     (tmp_path / "skel" / "dsparkhub_skeleton.json").unlink()  # the headers alone match the manifest
     assert target_repo_id(tmp_path / "skel") == ("Qwen/Qwen3-8B", "headers match manifest qwen3-8b")
+def test_card_concurrency_table_plot_and_unreliable(tmp_path):
+    """A /2 file with two concurrencies: the measured table replaces the one-request caveat, the plot is written,
+    and an impossible batch-1 figure (speedup above τ) is marked and never chooses n."""
+    from dsparkhub.card import serve_commands
+    from dsparkhub.verify.results import VerifyResults
+
+    draft = make_drafter(tmp_path / "d")
+    base = {1: [RunStats(outputs=OUT_A, wall_s=4.0)], 4: [RunStats(outputs=OUT_A, wall_s=2.0)]}
+    by = {(3, 1): [spec(OUT_A, 2.5, 5, [5, 3, 2])],        # 1.6x at τ 3.0: possible
+          (7, 1): [spec(OUT_A, 0.5, 3, [3, 3, 2, 2, 1, 1, 0])],  # 8x at τ 5.0: impossible at batch 1
+          (3, 4): [spec(OUT_A, 1.6, 5, [5, 3, 2])], (7, 4): [spec(OUT_A, 2.5, 3, [3, 3, 2, 2, 1, 1, 0])]}
+    res = build_results(engine=EngineInfo("reference", "dsparkhub 0.1.0", "cpu (1 threads)"), method="dspark",
+                        target=ModelRef("Qwen/Qwen3-8B", None),
+                        drafter=ModelRef(str(draft), checkpoint_fingerprint(draft)),
+                        settings=Settings(0.0, 7, 13, [3, 7], concurrency=[1, 4]),
+                        runs=[("gsm-mini", "/data/gsm-mini.jsonl", base, by)], date="2026-11-30T21:04:05+00:00")
+    path = res.save(tmp_path / "r.json")
+    assert serve_commands(VerifyResults.load(path), target="t", model="m")["n"] == 3  # not the impossible n=7
+    out = write_card(draft, [path])
+    text = out.readme.read_text()
+    assert "8.00x (unreliable)" in text and "exceeds τ 5.00" in text
+    assert "Measured at serving load" in text and "| 4 | n=3 |" in text
+    assert "one request at a time" not in text
+    assert (draft / "assets" / "speedup_vs_concurrency.png").read_bytes().startswith(PNG_MAGIC)
+    assert "Best n per concurrency (reliable speedups only): 1: n=3 (1.60x); 4: n=3 (1.25x)" in text
+    assert "The drafter stops paying from concurrency" not in text

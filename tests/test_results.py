@@ -132,7 +132,7 @@ def _write(tmp_path, data) -> str:
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.update(schema="dsparkhub.verify.results/2"), "unknown results schema 'dsparkhub.verify.results/2'"),
+    (lambda d: d.update(schema="dsparkhub.verify.results/3"), "unknown results schema 'dsparkhub.verify.results/3'"),
     (lambda d: d.pop("schema"), "unknown results schema None"),
     (lambda d: d.pop("method"), "key `method`: expected a string, found missing"),
     (lambda d: d.update(method="medusa"), "key `method` is 'medusa'"),
@@ -140,11 +140,17 @@ def _write(tmp_path, data) -> str:
     (lambda d: d["engine"].pop("device"), "key `engine.device`: expected a string, found missing"),
     (lambda d: d["drafter"].update(fingerprint=5), "key `drafter.fingerprint`"),
     (lambda d: d["settings"].update(max_new_tokens="6"), "key `settings.max_new_tokens`: expected an integer"),
-    (lambda d: d["settings"].update(num_speculative_tokens=[3, "5"]), "key `settings.num_speculative_tokens`"),
+    (lambda d: d["settings"].update(num_speculative_tokens=[3, "5"]),
+     "key `settings.num_speculative_tokens[1]`: expected an integer"),
     (lambda d: d["datasets"][1]["runs"][0].pop("tau"),
      "key `datasets[1].runs[0].tau`: expected a number or null, found missing"),
     (lambda d: d["datasets"][0]["runs"][1].update(lossless="yes"), "key `datasets[0].runs[1].lossless`"),
-    (lambda d: d["datasets"][0]["baseline"].update(wall_s=True), "key `datasets[0].baseline.wall_s`: expected a num"),
+    (lambda d: d["datasets"][0]["baselines"][0].update(wall_s=True),
+     "key `datasets[0].baselines[0].wall_s`: expected a num"),
+    (lambda d: d["settings"].update(concurrency=[1, "8"]), "key `settings.concurrency[1]`: expected an integer"),
+    (lambda d: d["datasets"][0]["runs"][0].update(speed=1.0),
+     "key `datasets[0].runs[0].speed`: unexpected key"),
+    (lambda d: d["settings"].update(order="random"), "key `settings.order` is 'random'"),
     (lambda d: d["datasets"][1]["runs"][0]["first_mismatch"].pop("found"),
      "key `datasets[1].runs[0].first_mismatch.found`"),
     (lambda d: d["summary"][0].update(mean_per_position_acceptance=None), "key `summary[0].mean_per_position"),
@@ -185,8 +191,11 @@ def test_summary_table_text():
     a_line = next(line for line in lines if line.startswith("a "))
     assert "3.00 / 2.00x / ok" in a_line and "4.00 / 1.50x / ok" in a_line
     b_line = next(line for line in lines if line.startswith("b "))
-    assert "1.80 / 2.00x / FAIL" in b_line
-    assert lines[-1].startswith("mean (unweighted)") and "FAIL" in lines[-1]
+    # 2.00x at τ 1.80 is impossible at batch 1 (latency law): marked with ? and explained below the table
+    assert "1.80 / 2.00x? / FAIL" in b_line
+    assert any(line.startswith("? b n=3 concurrency 1: batch-1 speedup 2.00x exceeds τ 1.80") for line in lines)
+    mean = next(line for line in lines if line.startswith("mean (unweighted)"))
+    assert "FAIL" in mean and "2.00x?" in mean
 
 
 def _safetensors(path, header: dict, payload: bytes):
@@ -210,3 +219,74 @@ def test_target_fingerprint(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(struct.pack("<Q", 1000) + b"{}")
     with pytest.raises(ResultsError, match="declares 1000 bytes"):
         target_fingerprint(tmp_path)
+
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+
+
+def test_reads_schema_1_file():
+    """A file written by dsparkhub's /1 writer (tests/data/results_v1.json) loads, upgraded to /2 in memory."""
+    r = VerifyResults.load(os.path.join(DATA, "results_v1.json"))
+    assert r.schema == SCHEMA and r.settings.concurrency == [1] and r.settings.repeats == 1
+    ds_a = r.datasets[0]
+    assert ds_a.baseline.tokens_per_s == pytest.approx(3.0) and ds_a.baseline.concurrency == 1
+    a3 = ds_a.run(3)
+    assert a3.tau == pytest.approx(3.0) and a3.concurrency == 1
+    # derived on reading: conditional acceptance [4/4, 3/4, 1/3], the latency-law check, the load rows
+    assert a3.conditional_acceptance == pytest.approx([1.0, 0.75, 1 / 3])
+    assert a3.unreliable == []
+    b3 = r.datasets[1].run(3)
+    assert b3.speedup == pytest.approx(2.0) and b3.tau == pytest.approx(1.8) and "exceeds τ 1.80" in b3.unreliable[0]
+    # n=3's mean includes the impossible figure: n=5 (2.2x... reliable) is the best n
+    assert [(x.concurrency, x.best_n) for x in r.load] == [(1, 5)]
+    again = VerifyResults.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert again == r and again.to_dict()["schema"] == SCHEMA
+
+
+def _rep(outputs, wall, **kw):
+    return RunStats(outputs=[list(o) for o in outputs], wall_s=wall, **kw)
+
+
+def test_repeats_medians_spread_and_unreliable():
+    """Three interleaved repeats: medians of tokens/s, speedup = median of per-repeat ratios, spread flags."""
+    base = [_rep(OUT_A, 3.0), _rep(OUT_A, 3.0), _rep(OUT_A, 6.0)]       # 3.0, 3.0, 1.5 tok/s
+    steady = [spec(OUT_A, 1.5, 4, [4, 3, 1]) for _ in range(3)]           # 6 tok/s each: ratios 2, 2, 4
+    r = build_run_result(3, steady, base, check_lossless=True, settings=Settings(0.0, 6, 0, [3]))
+    assert r.tokens_per_s_repeats == pytest.approx([6.0, 6.0, 6.0]) and r.baseline_tokens_per_s == pytest.approx(3.0)
+    assert r.speedup_repeats == pytest.approx([2.0, 2.0, 4.0]) and r.speedup == pytest.approx(2.0)
+    assert r.speedup_spread == pytest.approx((4.0 - 2.0) / 2.0)
+    assert len(r.unreliable) == 1 and "spread by 100%" in r.unreliable[0]
+    calm = build_run_result(3, steady, base[:2] + [_rep(OUT_A, 3.1)], check_lossless=True,
+                            settings=Settings(0.0, 6, 0, [3]))
+    assert calm.unreliable == [] and calm.speedup_spread == pytest.approx((6.0 / (9 / 3.1) - 2.0) / 2.0)
+    with pytest.raises(ResultsError, match="2 drafter repeats but 3 baseline repeats"):
+        build_run_result(3, steady[:2], base, check_lossless=True)
+    # a later repeat that differs breaks losslessness even when the first one matched
+    bad = steady[:2] + [spec([OUT_A[0], [20, 21, 99]], 1.5, 4, [4, 3, 1])]
+    assert build_run_result(3, bad, base, check_lossless=True).first_mismatch.found == 99
+
+
+def test_concurrency_axis_best_n_and_where_it_stops_paying():
+    def ds(name, c_speed):
+        base = {c: [_rep(OUT_A, 1.0, ttft_s=[0.1, 0.1], latency_s=[0.6, 0.3])] for c in c_speed}
+        by = {(n, c): [spec(OUT_A, 1.0 / s, 4, [4, 3, 1] if n == 3 else [4, 3, 1, 1, 0])]
+              for c, per_n in c_speed.items() for n, s in per_n.items()}
+        return name, name + ".jsonl", base, by
+
+    speeds = {1: {3: 1.8, 5: 1.5}, 8: {3: 1.2, 5: 1.4}, 32: {3: 0.8, 5: 0.7}}
+    r = build_results(engine=EngineInfo("reference", "v", "cpu"), method="dspark", target=ModelRef("t", None),
+                      drafter=ModelRef("d", None),
+                      settings=Settings(0.0, 6, 0, [5, 3], concurrency=[32, 1, 8], repeats=1),
+                      runs=[ds("a", speeds), ds("b", speeds)])
+    assert r.settings.concurrency == [1, 8, 32] and len(r.summary) == 6
+    assert [(x.concurrency, x.best_n, x.pays) for x in r.load] == [(1, 3, True), (8, 5, True), (32, 3, False)]
+    assert r.stops_paying_at == 32
+    assert r.datasets[0].run(5, 8).speedup == pytest.approx(1.4) and r.datasets[0].run(5).concurrency == 1
+    lat = r.datasets[0].baseline_at(8).latency
+    # per-user: 6 tokens / 0.6 s and 3 / 0.3 s; TPOT: (0.6 - 0.1) / 5 and (0.3 - 0.1) / 2 seconds
+    assert lat.per_user_tokens_per_s_mean == pytest.approx(10.0) and lat.ttft_p50_ms == pytest.approx(100.0)
+    assert lat.tpot_p50_ms == pytest.approx(100.0) and lat.tpot_p99_ms == pytest.approx(100.0)
+    text = format_summary_table(r)
+    assert "dataset @ concurrency 8" in text and "concurrency 8: best n = 5" in text
+    assert "the drafter does not pay from concurrency 32 on" in text
+    assert VerifyResults.from_dict(json.loads(json.dumps(r.to_dict()))) == r

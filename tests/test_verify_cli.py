@@ -379,7 +379,13 @@ def test_cli_verify_engine_refusal_exit_1(setup, tmp_path, cli_fake):
     res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "-n", "2,3",
                                     "--datasets", str(prompts), "--out", str(out), "--quiet"])
     assert res.exit_code == 1 and "refuses num_speculative_tokens=3" in res.output
-    assert not out.exists() and cli_fake["backend"].closed
+    assert cli_fake["backend"].closed
+    # the configurations measured before the refusal are kept, the rest marked incomplete
+    assert "partial results" in res.output and str(out) in res.output.replace("\n", "")
+    partial = VerifyResults.load(out)
+    assert [r.num_speculative_tokens for r in partial.datasets[0].runs] == [2]
+    assert partial.incomplete[0].startswith("stopped at ") and "n=3" in partial.incomplete[0]
+    assert "n=3 @ concurrency 1" in partial.incomplete[1]
 
 
 @pytest.mark.parametrize("args", [["-n", "3,x"], ["-n", "3,3"], ["--compilation-config", "[1]"],
@@ -523,3 +529,11 @@ def test_vllm_dspark_on_cpu_is_refused_before_the_baseline(setup, tmp_path, monk
     runner.run_verify(draft, target, backend="vllm", datasets=[str(prompts)], progress=False,
                       validate_fn=no_validate, num_speculative_tokens=[2])
     assert built == ["vllm"]
+def test_cli_verify_concurrency_out_of_reach_exit_2(setup):
+    """vLLM backends here time one request at a time: --concurrency 8 is refused before anything loads."""
+    draft, target, prompts = setup
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--backend", "vllm",
+                                    "--concurrency", "1,8", "--datasets", str(prompts), "--quiet"])
+    assert res.exit_code == 2 and "runs one request at a time, so --concurrency 8 is out of its reach" in res.output
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--concurrency", "0"])
+    assert res.exit_code == 2 and "distinct positive integers" in res.output

@@ -22,7 +22,8 @@ Counters follow ``dsparkhub.verify.stats`` (vLLM ``v1/spec_decode/metrics.py``):
 tokens exclude the bonus, ``accepted_per_pos[k]`` counts steps accepting at least k + 1 tokens. Tokens accepted past
 an EOS or past ``max_new_tokens`` are counted as vLLM's scheduler counts them (accepted in that step) but not output.
 
-Not done here: batching (batch 1 only), prompt-lookup or other draft methods, adaptive verification (vLLM's budgeter);
+Batching (``run(..., concurrency=c)``, ragged) lives in ``dsparkhub.verify.batching``; this module's loop is batch 1.
+Not done here: prompt-lookup or other draft methods, adaptive verification (vLLM's budgeter);
 the optional ``confidence_threshold`` is a simple per-request truncation (see :meth:`ReferenceEngine.__init__`).
 """
 
@@ -121,6 +122,7 @@ class ReferenceEngine:
     """
 
     name = "reference"
+    interleaves = True  # switching configurations costs nothing: verify interleaves baseline and drafter runs
 
     def __init__(self, target, drafter=None, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  confidence_threshold: float | None = None, eos_token_id: int | list[int] | None = None,
@@ -159,6 +161,11 @@ class ReferenceEngine:
             return f"{torch.cuda.get_device_name(self._device)} x1"
         return f"{self._device.type} ({self.threads} thread{'s' if self.threads > 1 else ''})"
 
+    def num_parameters(self) -> int:
+        """Parameters of the target plus the drafter (for the choice of intra-op threads)."""
+        mods = [m for m in (self.target, self.drafter) if m is not None]
+        return sum(p.numel() for m in mods for p in m.parameters())
+
     def close(self) -> None:
         """Drop the models (the engine cannot run afterwards)."""
         self.target = None
@@ -167,15 +174,19 @@ class ReferenceEngine:
     # -- public ---------------------------------------------------------------------------------------------------
 
     def run(self, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
-            temperature: float = 0.0, seed: int = 0, recorder=None) -> RunStats:
+            temperature: float = 0.0, seed: int = 0, concurrency: int = 1, progress=None,
+            recorder=None) -> RunStats:
         """:meth:`_run` with ``self.threads`` intra-op threads (restored afterwards); same arguments and errors."""
         with torch_threads(self.threads):
             return self._run(prompts, num_speculative_tokens=num_speculative_tokens, max_new_tokens=max_new_tokens,
-                             temperature=temperature, seed=seed, recorder=recorder)
+                             temperature=temperature, seed=seed, concurrency=concurrency, progress=progress,
+                             recorder=recorder)
 
     def _run(self, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
-             temperature: float = 0.0, seed: int = 0, recorder=None) -> RunStats:
-        """Generate for each prompt (batch 1) and return outputs, counters and timings.
+             temperature: float = 0.0, seed: int = 0, concurrency: int = 1, progress=None,
+             recorder=None) -> RunStats:
+        """Generate for each prompt (batch 1, or ``concurrency`` requests together) and return outputs, counters
+        and timings.
 
         Args:
             prompts: token ids per prompt.
@@ -183,13 +194,16 @@ class ReferenceEngine:
             max_new_tokens: output cap per prompt.
             temperature: 0 = greedy; > 0 = sampling with rejection sampling (lossless in distribution).
             seed: prompt i samples with a generator seeded ``seed + i``.
+            concurrency: requests decoding together (> 1: ``batching.run_batched``, ragged batches).
+            progress: called with 1 per finished prompt.
             recorder: optional object with ``record(prompt, confidence_logits, accepted, verified)``, called once per
-                verify step (warm-up excluded) with the prompt's index, the raw confidence-head logits of the drafted
+                verify step (warm-up excluded; batch 1 only) with the prompt's index, the raw confidence-head logits of the drafted
                 positions (k floats, before the sigmoid), the accepted count and the verified width k; see
                 :class:`dsparkhub.verify.calibration.ConfidenceRecorder`. Needs a drafter with a confidence head.
 
         Returns:
-            :class:`RunStats`; ``wall_s`` covers generation only (after a one-off warm-up).
+            :class:`RunStats`; ``wall_s`` covers generation only (after a one-off warm-up), with per-prompt
+            ``ttft_s`` / ``latency_s``.
 
         Raises:
             VerifyError: bad arguments, a drafter is needed but missing, or an empty prompt.
@@ -215,9 +229,19 @@ class ReferenceEngine:
         if not self._warm and prompts:
             self._generate(prompts[0], n, min(4, max_new_tokens), 0.0, None, _Counters(accepted_per_pos=[0] * (n or 0)))
             self._warm = True
+        if concurrency != 1:
+            if recorder is not None:
+                raise VerifyError("recording confidences runs one request at a time (concurrency 1), found "
+                                  f"concurrency {concurrency}")
+            from .batching import run_batched
+
+            return run_batched(self, prompts, num_speculative_tokens=n, max_new_tokens=max_new_tokens,
+                               temperature=temperature, seed=seed, concurrency=concurrency, progress=progress)
         counters = _Counters(accepted_per_pos=[0] * (n or 0), recorder=recorder)
         outputs: list[list[int]] = []
         wall = 0.0
+        ttft: list[float] = []
+        latency: list[float] = []
         for i, prompt in enumerate(prompts):
             gen = None
             if temperature > 0:
@@ -228,7 +252,11 @@ class ReferenceEngine:
             outputs.append(self._generate(prompt, n, max_new_tokens, temperature, gen, counters))
             self._sync()
             wall += time.perf_counter() - t0
-        return RunStats(outputs=outputs, wall_s=wall, num_drafts=counters.num_drafts,
+            ttft.append(self._first_token_at - t0)
+            latency.append(time.perf_counter() - t0)
+            if progress:
+                progress(1)
+        return RunStats(ttft_s=ttft, latency_s=latency, outputs=outputs, wall_s=wall, num_drafts=counters.num_drafts,
                         num_draft_tokens=counters.num_draft_tokens, num_accepted_tokens=counters.num_accepted_tokens,
                         accepted_per_pos=counters.accepted_per_pos if n else [],
                         draft_s=counters.draft_s if n else 0.0, verify_s=counters.verify_s, steps=counters.steps)
@@ -254,6 +282,8 @@ class ReferenceEngine:
             out = self.target(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=n is not None,
                               logits_to_keep=1)
             pending = self._choose(out.logits[0, -1], temperature, gen)
+            self._sync()
+            self._first_token_at = time.perf_counter()  # TTFT of this request (read by ``run``)
             outputs = [pending]
             if n is None:
                 return self._decode_plain(pending, cache, outputs, max_new, temperature, gen, c)

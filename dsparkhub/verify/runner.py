@@ -11,17 +11,22 @@ Order of a run (each step fails with a clear error before the next, more expensi
 2. ``dsparkhub.validate.validate(draft, target, num_speculative_tokens=max(n))``: fc width, mask token, vocab...
    from safetensors headers, before any model is loaded (``ValidationFailedError`` lists every error);
 3. read and tokenize every dataset (``PromptFileError`` names the file and line);
-4. construct the backend; for each configuration (the baseline without the drafter, then every n) run every
-   dataset, batch 1 (configuration-outer, so the vLLM backend starts one engine per configuration);
+4. construct the backend; run every configuration (the baseline without the drafter, then every n) on every
+   dataset at every concurrency, ``repeats`` times. A backend that switches configurations for free (the reference
+   engine: ``interleaves = True``) runs them *interleaved* — per concurrency and repeat: baseline, n1, n2, ... — so
+   a slow spell of a shared machine hits the baseline and the drafter alike; the vLLM backends start one engine per
+   configuration and run configuration-outer, the repeats back to back;
 5. build and save the results (atomically); with temperature 0 a run whose outputs differ from the baseline makes
    the run *not lossless*: the file is still written (``lossless: false``) and ``LosslessMismatchError`` is raised
-   with the dataset, prompt, position and both tokens.
+   with the dataset, prompt, position and both tokens. An engine that refuses or dies mid-sweep leaves the
+   configurations measured so far in the file, the rest listed in ``incomplete``, and its error is raised after.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -29,11 +34,48 @@ from ..errors import (CheckpointFormatError, DsparkhubError, EngineUnavailableEr
                       OutputNotWritableError, ValidationFailedError, VerifyError)
 from ..hashing import checkpoint_fingerprint
 from ..target import public_name
-from .results import METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results, target_fingerprint
+from .results import (DEFAULT_SPREAD_LIMIT, METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results,
+                      target_fingerprint)
 from .stats import Backend, RunStats
 
 BACKEND_NAMES = ("reference", "vllm", "vllm-serve", "sglang-serve")
 SERVER_BACKENDS = ("vllm-serve", "sglang-serve")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a verify run is timed: the concurrency axis and the repeats (the honest-timing settings).
+
+    Attributes:
+        concurrency: requests in flight together, each measured (``--concurrency 1,8,32``); every value >= 1.
+        repeats: timed repeats of every configuration (``--repeats``); speedups are medians of per-repeat ratios.
+        spread_limit: (max - min) / median of the per-repeat speedups above which a speedup is marked unreliable.
+        intra_op_threads: torch intra-op threads for the reference engine on CPU; None chooses by model size
+            (:func:`dsparkhub.torch_threads.threads_for`).
+    """
+
+    concurrency: tuple[int, ...] = (1,)
+    repeats: int = 1
+    spread_limit: float = DEFAULT_SPREAD_LIMIT
+    intra_op_threads: int | None = None
+
+    def checked(self) -> "LoadOptions":
+        """The options with ``concurrency`` sorted.
+
+        Raises:
+            VerifyArgumentError: a concurrency below 1 or repeated, repeats below 1, a negative spread limit or
+                thread count below 1.
+        """
+        cs = sorted(set(int(c) for c in self.concurrency))
+        if not cs or cs[0] < 1 or len(cs) != len(list(self.concurrency)):
+            raise VerifyArgumentError(f"concurrency must be distinct positive integers, found {list(self.concurrency)}")
+        if self.repeats < 1:
+            raise VerifyArgumentError(f"repeats must be at least 1, found {self.repeats}")
+        if self.spread_limit < 0:
+            raise VerifyArgumentError(f"spread_limit must be >= 0, found {self.spread_limit}")
+        if self.intra_op_threads is not None and self.intra_op_threads < 1:
+            raise VerifyArgumentError(f"intra_op_threads must be at least 1, found {self.intra_op_threads}")
+        return LoadOptions(tuple(cs), self.repeats, self.spread_limit, self.intra_op_threads)
 
 
 def detect_method(draft: str | Path) -> str:
@@ -203,16 +245,35 @@ def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callab
                                     hint="run `dsparkhub validate` for the full report; no model was loaded")
 
 
+def _accepts(backend: Backend, name: str) -> bool:
+    return name in inspect.signature(backend.run).parameters
+
+
+def _check_concurrency(backend: Backend, concurrency: tuple[int, ...]) -> None:
+    """Refuse a concurrency the backend cannot run, before anything is timed.
+
+    Raises:
+        EngineOptionError: concurrency above 1 for a backend whose ``run`` takes no ``concurrency``.
+    """
+    if max(concurrency) > 1 and not _accepts(backend, "concurrency"):
+        raise EngineOptionError(
+            f"backend {backend.name} runs one request at a time, so --concurrency {max(concurrency)} is out of its "
+            f"reach; measure serving load with --backend reference (batched decoding)",
+            hint="drop --concurrency, or pick a backend that batches requests")
+
+
 def _run_one(backend: Backend, prompts: list[list[int]], *, n: int | None, max_new_tokens: int,
-             temperature: float, seed: int, desc: str, progress: bool) -> RunStats:
+             temperature: float, seed: int, desc: str, progress: bool, concurrency: int = 1) -> RunStats:
     """One configuration with a tqdm bar on stderr (per prompt where the backend reports progress)."""
     from tqdm import tqdm
 
     kwargs = dict(num_speculative_tokens=n, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    if concurrency != 1:
+        kwargs["concurrency"] = concurrency
     with tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr, disable=not progress,
               leave=True) as bar:
         # The Backend protocol has no progress hook; a backend that offers ``progress=callable(k)`` gets one.
-        if "progress" in inspect.signature(backend.run).parameters:
+        if _accepts(backend, "progress"):
             kwargs["progress"] = bar.update
         stats = backend.run(prompts, **kwargs)
         bar.update(bar.total - bar.n)
@@ -230,7 +291,8 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
                server_url: str | None = None, baseline_url: str | None = None, out: str | Path | None = None,
                overwrite: bool = False, progress: bool = True,
                check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
-               validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None) -> VerifyResults:
+               validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None,
+               load: LoadOptions = LoadOptions()) -> VerifyResults:
     """Verify a drafter against its target and return (and optionally save) the results.
 
     Args:
@@ -258,6 +320,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         validate_fn: replacement for the validation step ``(draft, target, n) -> None`` (tests).
         warn: called with one line per warning (validation, prompts longer than the context); the CLI prints
             them on stderr. They are also stored in the results' ``warnings``.
+        load: concurrency axis, repeats and threads (:class:`LoadOptions`; default one request at a time, once).
 
     Returns:
         The :class:`VerifyResults` (also written to ``out``).
@@ -270,7 +333,10 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         EngineUnavailableError / VerifyError: the engine is missing, refused or crashed.
         LosslessMismatchError: greedy outputs differ (after ``out`` was written).
         OutputExistsError / OutputNotWritableError: ``out`` exists (without ``overwrite``) or cannot be written.
+        EngineUnavailableError / VerifyError raised mid-sweep: after ``out`` was written with the configurations
+            measured so far and ``incomplete`` naming where it stopped.
     """
+    load = load.checked()
     ns = sorted(set(int(n) for n in num_speculative_tokens))
     if not ns or ns[0] < 1 or len(ns) != len(list(num_speculative_tokens)):
         raise VerifyArgumentError(f"num_speculative_tokens must be distinct positive integers, found "
@@ -288,6 +354,10 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         _check_engine_options(backend, device=device, tensor_parallel_size=tensor_parallel_size,
                               confidence_threshold=confidence_threshold, server_url=server_url,
                               baseline_url=baseline_url)
+        if backend != "reference" and max(load.concurrency) > 1:  # refused before any model loads
+            raise EngineOptionError(f"backend {backend} runs one request at a time, so --concurrency "
+                                    f"{max(load.concurrency)} is out of its reach; measure serving load with "
+                                    "--backend reference (batched decoding)", hint="drop --concurrency")
     if method is not None and method not in METHODS:
         raise VerifyArgumentError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     try:
@@ -339,19 +409,54 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
                           tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
                           compilation_config=compilation_config, confidence_threshold=confidence_threshold,
                           server_url=server_url, baseline_url=baseline_url) if owned else backend
-    stats: dict[tuple[str, int | None], RunStats] = {}
+    base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
+    spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
+    threads = None
+    stopped: DsparkhubError | None = None
+    incomplete: list[str] = []
     try:
-        # Configuration-outer, dataset-inner: the vLLM backend starts one engine per configuration.
-        for n in [None] + ns:
+        _check_concurrency(engine, load.concurrency)
+        threads = _set_threads(engine, load.intra_op_threads)
+        interleaved = bool(getattr(engine, "interleaves", False))
+        reps = range(load.repeats)
+        if interleaved:  # per concurrency and repeat: baseline, n1, n2, ... on every dataset
+            order = [(c, r, n) for c in load.concurrency for r in reps for n in [None] + ns]
+        else:  # one engine per configuration (vLLM): configuration-outer, repeats back to back
+            order = [(c, r, n) for n in [None] + ns for c in load.concurrency for r in reps]
+        for c, rep, n in order:
             for ds in data:
-                stats[ds.name, n] = _run_one(engine, ds.prompts, n=n, max_new_tokens=max_new_tokens,
-                                             temperature=temperature, seed=seed, progress=progress,
-                                             desc=f"{ds.name} {'baseline' if n is None else f'n={n}'}")
+                label = "baseline" if n is None else f"n={n}"
+                desc = f"{ds.name} {label}" + (f" @{c}" if len(load.concurrency) > 1 else "") + \
+                    (f" #{rep + 1}" if load.repeats > 1 else "")
+                try:
+                    st = _run_one(engine, ds.prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                                  seed=seed, progress=progress, desc=desc, concurrency=c)
+                except (EngineUnavailableError, VerifyError) as exc:
+                    stopped = exc
+                    incomplete.append(f"stopped at {ds.name} {label}, concurrency {c}, repeat {rep + 1}: "
+                                      f"{str(exc).splitlines()[0]}")
+                    break
+                if n is None:
+                    base[ds.name].setdefault(c, []).append(st)
+                else:
+                    spec[ds.name].setdefault((n, c), []).append(st)
+            if stopped is not None:
+                break
         info = EngineInfo(backend=engine.name, version=engine.version, device=engine.device)
     finally:
         if owned:
             engine.close()
-    runs = [(ds.name, ds.source, stats[ds.name, None], {n: stats[ds.name, n] for n in ns}) for ds in data]
+    if stopped is not None and not any(spec.values()):
+        raise stopped  # nothing with the drafter was measured: no file, the engine's error as it was
+    full = load.repeats
+    runs = []
+    for ds in data:
+        done = {c: b for c, b in base[ds.name].items() if len(b) == full}
+        by = {k: v for k, v in spec[ds.name].items() if len(v) == full and k[1] in done}
+        missing = [f"n={n} @ concurrency {c}" for c in load.concurrency for n in ns if (n, c) not in by]
+        if missing and stopped is not None:
+            incomplete.append(f"dataset {ds.name}: not measured: {', '.join(missing)}")
+        runs.append((ds.name, ds.source, done, by))
 
     results = build_results(
         engine=info, method=method,
@@ -362,11 +467,19 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         settings=Settings(temperature=float(temperature), max_new_tokens=max_new_tokens, seed=seed,
                           num_speculative_tokens=ns, tensor_parallel_size=tensor_parallel_size,
                           max_model_len=max_model_len, compilation_config=compilation_config,
-                          confidence_threshold=confidence_threshold),
-        runs=runs, warnings=noted,
+                          confidence_threshold=confidence_threshold, batch_size=max(load.concurrency),
+                          concurrency=list(load.concurrency), repeats=load.repeats,
+                          order="interleaved" if interleaved else "configuration-outer",
+                          spread_limit=load.spread_limit, intra_op_threads=threads),
+        runs=runs, warnings=noted, incomplete=incomplete,
     )
     if out is not None:
         results.save(out)
+    if stopped is not None:
+        stopped.hint = ((getattr(stopped, "hint", None) or "") + (" " if getattr(stopped, "hint", None) else "") +
+                        (f"partial results (marked `incomplete`) were written to {out}" if out is not None else
+                         "the configurations measured before it are returned as partial results")).strip()
+        raise stopped
     if raise_on_mismatch and results.lossless is False:
         raise results.lossless_error()
     return results
@@ -424,6 +537,20 @@ def check_results_path(out: str | Path, *, overwrite: bool = False) -> None:
         raise OutputNotWritableError(f"cannot write the results file {out}: {folder} does not take new files "
                                      f"({exc.strerror or exc})", path=out,
                                      hint="choose an --out in a folder you can write to") from None
+
+
+def _set_threads(engine: Backend, threads: int | None) -> int | None:
+    """Set torch's intra-op threads for an engine that runs in this process on the CPU (the reference engine);
+    returns the count used, or None where the engine runs elsewhere (vLLM children pick their own)."""
+    if getattr(engine, "name", None) != "reference" or not hasattr(engine, "num_parameters"):
+        return None
+    if "cpu" not in str(engine.device).lower():
+        return None
+    from ..torch_threads import threads_for
+
+    threads = threads or threads_for(engine.num_parameters())
+    engine.threads = threads  # ReferenceEngine.run scopes torch's intra-op threads to this count
+    return threads
 
 
 class VerifyArgumentError(DsparkhubError, ValueError):

@@ -29,6 +29,9 @@ class RunStats:
         draft_s: seconds spent drafting (reference engine only; None where the engine does not expose it).
         verify_s: seconds spent in the target's verify forwards (reference engine only).
         steps: target forward passes during decoding (prefill excluded), when known.
+        ttft_s: per prompt, seconds from the request's start to its first output token (None: not timed).
+        latency_s: per prompt, seconds from the request's start to its last output token (None: not timed).
+        concurrency: requests that were in flight together (1 = one at a time).
     """
 
     outputs: list[list[int]]
@@ -40,6 +43,9 @@ class RunStats:
     draft_s: float | None = None
     verify_s: float | None = None
     steps: int | None = None
+    ttft_s: list[float] | None = None
+    latency_s: list[float] | None = None
+    concurrency: int = 1
 
     @property
     def output_tokens(self) -> int:
