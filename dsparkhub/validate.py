@@ -312,7 +312,10 @@ def _check_layout_rules(d: OpenedDraft, out: _Collector) -> None:
                     "layer count is `target_num_hidden_layers`)", location=f"{cfg_file} key num_target_layers",
                     expected=len(spec.target_layer_ids), found=n)
     archs = cfg.get("architectures") or []
-    if "DSparkDraftModel" in archs and spec.family == "qwen3":
+    # (a speculators config is exempt: vLLM 0.32 transformers_utils/configs/speculators/algos.py:175-186 keeps only
+    # Qwen3DSparkModel / Qwen3OmniDSparkModel and writes Qwen3DSparkModel otherwise, so speculators 0.9.0's own
+    # `DSparkDraftModel` is served as Qwen3)
+    if "DSparkDraftModel" in archs and spec.family == "qwen3" and d.recipe.name != "speculators":
         # vLLM 0.32 config/speculative.py:1423-1430 renames DSparkDraftModel to Qwen3DSparkModel only for
         # model_type == "qwen3"; registry.py maps DSparkDraftModel to the DeepSeek-V4 class otherwise. SGLang 0.5.23
         # maps it to its Qwen3-style dense class (models/dspark.py:967, EntryClass :995).
