@@ -68,6 +68,8 @@ class _Batch:
                 self.ctx.keys[i] = torch.cat([a, b], 0)
                 a, b = _align(self.ctx.values[i], ctx.values[i])
                 self.ctx.values[i] = torch.cat([a, b], 0)
+            # positions ride along with the keys (sliding / causal masks compare them); padded slots are masked
+            self.ctx.positions = torch.cat(_align(self.ctx.positions, ctx.positions, dim=1), 0)
             self.ctx_valid = torch.cat(_align(self.ctx_valid, ctx_valid, dim=1), 0)
 
     def keep(self, rows: list[int]) -> None:
@@ -82,6 +84,7 @@ class _Batch:
         if self.ctx is not None:
             self.ctx.keys = [k[idx] for k in self.ctx.keys]
             self.ctx.values = [v[idx] for v in self.ctx.values]
+            self.ctx.positions = self.ctx.positions[idx]
             self.ctx_valid = self.ctx_valid[idx]
         self.compact()
 
@@ -111,6 +114,7 @@ class _Batch:
             else:
                 self.ctx.keys = [_gather(k, index) for k in self.ctx.keys]
                 self.ctx.values = [_gather(v, index) for v in self.ctx.values]
+                self.ctx.positions = self.ctx.positions.gather(1, index)
                 self.ctx_valid = new_valid
 
 
