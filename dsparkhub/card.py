@@ -141,7 +141,9 @@ def _check_possible(res: VerifyResults, path: str | Path) -> None:
             if (any(not 0 <= v <= 1 for v in r.per_position_acceptance)
                     or any(x < 0 for x in r.accepted_per_pos)):
                 problems.append(f"{where}: per-position acceptance {r.per_position_acceptance} leaves [0, 1]")
-            if (res.settings.batch_size == 1 and r.speedup is not None and r.tau is not None
+            # a figure `verify` itself marked unreliable (results/2) is shown as such, not refused: the refusal
+            # is for numbers no verify run wrote (edited files, a broken engine)
+            if (r.concurrency == 1 and r.reliable and r.speedup is not None and r.tau is not None
                     and r.speedup > r.tau * (1 + SPEEDUP_NOISE)):
                 problems.append(f"{where}: batch-1 speedup {r.speedup:.3f}x exceeds τ {r.tau:.3f}; each verify step "
                                 "costs at least one target forward, so the two runs were not timed alike")
@@ -339,7 +341,7 @@ def _plot_title(what: str, res: VerifyResults, target: str | None = None) -> str
 
 
 def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | None = None,
-                                others: list[VerifyResults] = ()) -> Path:
+                                others: list[VerifyResults] = (), *, target: str | None = None) -> Path:
     """PNG: mean speedup (unweighted over datasets) vs concurrency, one line per n; unreliable points hollow.
 
     ``others`` (further drafters' results) add one line each at their own best n per concurrency."""
@@ -370,7 +372,7 @@ def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | Non
     ax.set_ylabel("speedup vs target alone, same concurrency")
     tops = [r.mean_speedup for r in res.summary if r.mean_speedup is not None]
     ax.set_ylim(0, max([1.0] + tops) * 1.1)  # from 0, as plot_speedup
-    ax.set_title(_plot_title("Speedup at serving load", res), fontsize=10)
+    ax.set_title(_plot_title("Speedup at serving load", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -349,7 +349,8 @@ def test_push_fault_at_every_request_never_leaves_a_partial_release(models, tmp_
     repo = "alice/tiny-dspark"
     for start in ("absent", "old release"):
         hub = prepare(start)
-        push(new_dir, repo, target=target, validate=False, endpoint=hub.url)
+        # delete=["*"]: a new release replaces the old one (hf upload keeps remote-only files otherwise)
+        push(new_dir, repo, target=target, validate=False, endpoint=hub.url, delete=["*"])
         assert _remote(hub, repo) == new
         sent = list(dict.fromkeys((r.method, _pattern(r.path), r.is_write) for r in hub.requests))
         assert any("commit" in p for _, p, _ in sent), sent
@@ -364,7 +365,7 @@ def test_push_fault_at_every_request_never_leaves_a_partial_release(models, tmp_
                 before = _remote(hub, repo)
                 fault = hub.inject(method=method, path=pattern, kind=kind, status=status or 500, count=None)
                 try:
-                    push(new_dir, repo, target=target, validate=False, endpoint=hub.url)
+                    push(new_dir, repo, target=target, validate=False, endpoint=hub.url, delete=["*"])
                     result = "pushed"
                 except HubError as exc:
                     assert FAKE_TOKEN not in str(exc) and FAKE_TOKEN not in str(exc.hint)
@@ -377,7 +378,7 @@ def test_push_fault_at_every_request_never_leaves_a_partial_release(models, tmp_
                 assert after in (before, new), f"partial release after {kind} {status} on {method} {pattern}"
                 outcomes[f"{result}, remote {'unchanged' if after == before else 'complete'}"] += 1
                 if after != new:
-                    push(new_dir, repo, target=target, validate=False, endpoint=hub.url)  # re-run completes
+                    push(new_dir, repo, target=target, validate=False, endpoint=hub.url, delete=["*"])  # re-run completes
                     assert _remote(hub, repo) == new
                     outcomes["re-run completed"] += 1
     assert outcomes["HubError, remote unchanged"] > 0
