@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CheckpointNotFoundError, EngineUnavailableError, VerifyError
-from .vllm_checks import StageResult
+from .vllm_checks import StagedReport, StageResult
 
 __all__ = ["SglangCheckReport", "check_with_sglang", "find_sglang_python", "sglang_algorithm"]
 
@@ -31,7 +31,7 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
-class SglangCheckReport:
+class SglangCheckReport(StagedReport):
     """What SGLang's own checks said about a drafter.
 
     Attributes:
@@ -46,27 +46,6 @@ class SglangCheckReport:
     algorithm: str
     sglang_version: str | None
     stages: list[StageResult]
-
-    def stage(self, name: str) -> StageResult:
-        """The stage called ``name``.
-
-        Raises:
-            KeyError: no such stage.
-        """
-        for s in self.stages:
-            if s.name == name:
-                return s
-        raise KeyError(name)
-
-    @property
-    def ok(self) -> bool:
-        """True when the config and load_weights stages passed (the engine stage is refused on CPU)."""
-        return all(self.stage(n).ok for n in ("config", "load_weights"))
-
-    @property
-    def stopped_at(self) -> StageResult | None:
-        """The first stage that did not pass, or None."""
-        return next((s for s in self.stages if not s.ok), None)
 
     def to_dict(self) -> dict:
         return {"draft": self.draft, "target": self.target, "algorithm": self.algorithm,

@@ -43,7 +43,7 @@ from typing import Any
 
 from ..errors import CheckpointNotFoundError, VerifyError
 
-__all__ = ["StageResult", "VllmCheckReport", "check_with_vllm", "run_checks"]
+__all__ = ["StageResult", "StagedReport", "VllmCheckReport", "check_with_vllm", "run_checks"]
 
 PASSED, FAILED, REFUSED, SKIPPED = "passed", "failed", "refused", "skipped"
 # Stacked parameters of vLLM's Qwen3 / Llama layers (qwen3_dflash.py, llama_eagle3.py orig_to_new_stacked):
@@ -137,8 +137,35 @@ class StageResult:
         return self.status == PASSED
 
 
+class StagedReport:
+    """What an engine check report (``vllm-check``, ``sglang-check``) offers over its ``stages`` list."""
+
+    stages: list[StageResult]
+
+    def stage(self, name: str) -> StageResult:
+        """The stage called ``name``.
+
+        Raises:
+            KeyError: no such stage.
+        """
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def ok(self) -> bool:
+        """True when the config and load_weights stages passed (the engine stage may be refused on CPU, which is expected)."""
+        return all(self.stage(n).ok for n in ("config", "load_weights"))
+
+    @property
+    def stopped_at(self) -> StageResult | None:
+        """The first stage that did not pass, or None."""
+        return next((s for s in self.stages if not s.ok), None)
+
+
 @dataclass
-class VllmCheckReport:
+class VllmCheckReport(StagedReport):
     """What vLLM's own checks said about a drafter.
 
     Attributes:
@@ -154,27 +181,6 @@ class VllmCheckReport:
     num_speculative_tokens: int | None
     stages: list[StageResult]
     method: str = "dspark"
-
-    def stage(self, name: str) -> StageResult:
-        """The stage called ``name``.
-
-        Raises:
-            KeyError: no such stage.
-        """
-        for s in self.stages:
-            if s.name == name:
-                return s
-        raise KeyError(name)
-
-    @property
-    def ok(self) -> bool:
-        """True when the config and load_weights stages passed (the engine stage may be refused on CPU)."""
-        return all(self.stage(n).ok for n in ("config", "load_weights"))
-
-    @property
-    def stopped_at(self) -> StageResult | None:
-        """The first stage that did not pass, or None."""
-        return next((s for s in self.stages if not s.ok), None)
 
     def to_dict(self) -> dict:
         return {"draft": self.draft, "target": self.target, "vllm_version": self.vllm_version,
