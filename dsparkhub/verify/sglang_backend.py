@@ -27,10 +27,9 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 
 from ..errors import EngineUnavailableError, VerifyError
+from .server_http import server_request
 from .stats import RunStats
 
 __all__ = ["SglangServerBackend", "sglang_gauges"]
@@ -80,21 +79,12 @@ class SglangServerBackend:
         return cls(base_url, **options)
 
     def _http(self, url: str, payload: dict | None = None) -> bytes:
-        data = json.dumps(payload).encode() if payload is not None else None
-        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.read()
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")[:2000]
-            raise VerifyError(f"SGLang server {url} answered HTTP {exc.code}: {body}",
-                              hint="Check the server's log; the request follows SGLang 0.5.23's /generate.") from exc
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise EngineUnavailableError(
-                f"Cannot reach the SGLang server at {url}: {exc}. Why: no server is listening there, or it is "
-                "still loading. What to do: start it (`python -m sglang.launch_server --model-path TARGET "
-                "--speculative-algorithm DSPARK --speculative-draft-model-path DRAFT --enable-metrics`), wait for "
-                "/health to answer, and pass its address; or use `--backend reference`.") from exc
+        return server_request(
+            url, payload, timeout_s=self.timeout_s, server="SGLang",
+            http_hint="Check the server's log; the request follows SGLang 0.5.23's /generate.",
+            start_hint="start it (`python -m sglang.launch_server --model-path TARGET --speculative-algorithm DSPARK "
+                       "--speculative-draft-model-path DRAFT --enable-metrics`), wait for /health to answer, and pass "
+                       "its address; or use `--backend reference`.")
 
     def run(self, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
             temperature: float = 0.0, seed: int = 0) -> RunStats:

