@@ -289,10 +289,7 @@ def plot_acceptance(res: VerifyResults, path: Path, *, target: str | None = None
     ax.set_title(_plot_title("Per-position acceptance", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-    plt.close(fig)
-    return path
+    return _save_png(fig, path)
 
 
 def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
@@ -322,10 +319,7 @@ def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -
     ax.set_title(_plot_title("Speedup", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-    plt.close(fig)
-    return path
+    return _save_png(fig, path)
 
 
 #: plot size in inches and resolution: 1350 x 825 pixels, legible on a Hub model page
@@ -375,6 +369,13 @@ def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | Non
     ax.set_title(_plot_title("Speedup at serving load", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return _save_png(fig, path)
+
+
+def _save_png(fig, path: Path) -> Path:
+    """Lay out, write ``fig`` to ``path`` as PNG and free it (pyplot keeps every open figure alive)."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)
