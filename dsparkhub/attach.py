@@ -33,13 +33,13 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__
-from .checkpoint import ATTACH_RECORD, INDEX_NAME, file_identity, open_checkpoint, parse_header_bytes
-from .errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
-from .hashing import sha256_file
-from .recipes import OpenedDraft, get_recipe, open_draft
-from .target import target_from_checkpoint
-from .writer import (SourceBytes, atomic_output, background_flush, refuse_overlap, write_file, write_json,
+from dsparkhub import __version__
+from dsparkhub.io.checkpoint import ATTACH_RECORD, INDEX_NAME, file_identity, open_checkpoint, parse_header_bytes
+from dsparkhub.errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
+from dsparkhub.io.hashing import sha256_file
+from dsparkhub.layouts.recipes import OpenedDraft, get_recipe, open_draft
+from dsparkhub.target import target_from_checkpoint
+from dsparkhub.io.writer import (SourceBytes, atomic_output, background_flush, refuse_overlap, write_file, write_json,
                      write_safetensors, write_shards)
 
 DRAFT_SHARD = "model-dspark-{k:05d}-of-{n:05d}.safetensors"
@@ -163,7 +163,7 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
             drafter attached with ``force`` is written but cannot be loaded there.
         OutputExistsError, CheckpointNotFoundError, CheckpointFormatError, LayoutError: see the readers / writer.
     """
-    from .validate import validate
+    from dsparkhub.validate import validate
 
     if link not in LINK_MODES:
         raise ConversionRefusedError(f"unknown link mode {link!r}; expected one of {LINK_MODES}")
@@ -359,7 +359,7 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
             shutil.copyfile(attached / "config.json", tmp / "config.json")
         return DetachResult(Path(out), files + ["config.json"], False, "deepseek-v4", sum(n for _, n, _ in items))
 
-    from .checkpoint import read_json
+    from dsparkhub.io.checkpoint import read_json
 
     rec = read_json(record_path, ATTACH_RECORD)
     drafter = rec["drafter"]

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .attach import LINK_MODES, _place, _target_files
-from .errors import ConversionRefusedError
-from .writer import atomic_output, refuse_overlap
+from dsparkhub.attach import LINK_MODES, _place, _target_files
+from dsparkhub.errors import ConversionRefusedError
+from dsparkhub.io.writer import atomic_output, refuse_overlap
 
 __all__ = ["SUBFOLDER", "SubfolderAttachResult", "attach_subfolder"]
 
@@ -68,7 +68,7 @@ def attach_subfolder(draft: str | Path, target_dir: str | Path, out: str | Path,
             was required and failed.
         ValidationFailedError, OutputExistsError, CheckpointNotFoundError, LayoutError: see :func:`convert`.
     """
-    from .convert import convert
+    from dsparkhub.convert import convert
 
     if link not in LINK_MODES:
         raise ConversionRefusedError(f"unknown link mode {link!r}; expected one of {LINK_MODES}")

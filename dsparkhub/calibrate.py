@@ -40,8 +40,8 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import __version__
-from .errors import DsparkhubError, OutputExistsError, ResultsError
+from dsparkhub import __version__
+from dsparkhub.errors import DsparkhubError, OutputExistsError, ResultsError
 
 STS_FILE = "dspark_sts.json"
 FORMAT = "dsparkhub.sts/1"
@@ -139,7 +139,7 @@ def check_drafter(draft: str | Path):
         CalibrationError: not a DSpark drafter, no confidence head declared or its tensors absent, or a block that
             does not propose ``block_size`` tokens (1+N: SGLang's γ would not match the positions drafted).
     """
-    from .recipes import open_draft
+    from dsparkhub.layouts.recipes import open_draft
 
     d = open_draft(draft)
     spec = d.spec
@@ -185,13 +185,13 @@ def run_calibration(draft: str | Path, target: str | Path, *, datasets=None, max
     """
     from tqdm import tqdm
 
-    from .checkpoint import resolve_step_dir
-    from .hashing import checkpoint_fingerprint
-    from .verify import calibration as cal
-    from .verify.prompts import load_datasets
-    from .verify.reference import ReferenceEngine
-    from .verify.results import target_fingerprint
-    from .verify.runner import _check_torch_device, _validate
+    from dsparkhub.io.checkpoint import resolve_step_dir
+    from dsparkhub.io.hashing import checkpoint_fingerprint
+    from dsparkhub.verify import calibration as cal
+    from dsparkhub.verify.prompts import load_datasets
+    from dsparkhub.verify.reference.engine import ReferenceEngine
+    from dsparkhub.verify.results import target_fingerprint
+    from dsparkhub.verify.runner import _check_torch_device, _validate
 
     draft = resolve_step_dir(draft) if Path(draft).is_dir() else Path(draft)
     _, gamma = check_drafter(draft)
@@ -245,7 +245,7 @@ def build_sidecar(fit, fit_rec, held, *, fit_fraction: float, seed: int, fit_set
     Raises:
         CalibrationError: a position has no held-out samples (its ECE cannot be reported).
     """
-    from .verify import calibration as cal
+    from dsparkhub.verify import calibration as cal
 
     num_bins = num_bins or cal.NUM_BINS
     temps = fit.temperatures
@@ -365,7 +365,7 @@ def card_context(draft: str | Path) -> dict | None:
     data = read_sidecar(path)
     if data.get("format") != FORMAT:
         return {"foreign": True, "file": STS_FILE, "temperatures": data["temperatures"]}
-    from .hashing import checkpoint_fingerprint
+    from dsparkhub.io.hashing import checkpoint_fingerprint
 
     found, fingerprint = (data.get("provenance") or {}).get("drafter_fingerprint"), checkpoint_fingerprint(draft)
     if found != fingerprint:

@@ -13,7 +13,7 @@ This module owns the card: Hub YAML metadata (``huggingface_hub.ModelCardData``)
 Card layout follows the speculator cards surveyed in reference/speculators_hub.md B.4-B.6 (RedHatAI speculators,
 z-lab DFlash): overview, use with vLLM, evaluation tables, how measured, provenance, caveats.
 
-It does not measure (``dsparkhub.verify``) or upload (``dsparkhub.hub``).
+It does not measure (``dsparkhub.verify``) or upload (``dsparkhub.hub.push``).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .calibrate import card_context, plot_reliability
-from .card_engines import engine_checks, sglang_launch
-from .errors import CheckpointNotFoundError, DsparkhubError, ResultsError
-from .hashing import checkpoint_fingerprint
-from .target import target_repo_id
-from .verify.results import ModelRef, VerifyResults
+from dsparkhub import __version__
+from dsparkhub.calibrate import card_context, plot_reliability
+from dsparkhub.card_engines import engine_checks, sglang_launch
+from dsparkhub.errors import CheckpointNotFoundError, DsparkhubError, ResultsError
+from dsparkhub.io.hashing import checkpoint_fingerprint
+from dsparkhub.target import target_repo_id
+from dsparkhub.verify.results import ModelRef, VerifyResults
 
 PROVENANCE_FILE = "dsparkhub_provenance.json"
 DEFAULT_TEMPLATE = "model_card.md.j2"
@@ -479,7 +479,7 @@ def _section(res: VerifyResults, plots: tuple[str, ...]) -> dict[str, Any]:
 def _load_context(res: VerifyResults) -> dict[str, Any] | None:
     """The measured concurrency table (``results.load_table``) with the best n per concurrency, or None when
     only one concurrency was measured."""
-    from .verify.results import load_table
+    from dsparkhub.verify.results import load_table
 
     if len(res.settings.concurrency) < 2:
         return None

@@ -68,7 +68,7 @@ def engine_checks(paths: list[str | Path]) -> list[dict[str, Any]]:
     Raises:
         CardError: a file is missing, not JSON, or not such a report.
     """
-    from .card import CardError  # card imports this module
+    from dsparkhub.card import CardError  # card imports this module
 
     out = []
     for p in paths:

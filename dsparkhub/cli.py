@@ -20,8 +20,8 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .errors import DsparkhubError
+from dsparkhub import __version__
+from dsparkhub.errors import DsparkhubError
 
 
 def _debug_enabled(ctx: click.Context | None) -> bool:
@@ -36,7 +36,7 @@ def _debug_enabled(ctx: click.Context | None) -> bool:
 
 def _redact(text: str) -> str:
     """Remove any Hugging Face token value present in the environment from ``text``."""
-    from .secrets import redact
+    from dsparkhub.secrets import redact
 
     return redact(text)
 
@@ -154,7 +154,7 @@ class _ByteSize(click.ParamType):
 
 def _layout_name(param, value: str | None) -> str | None:
     """A ``converters/`` recipe name, or a usage error (exit 2) that lists the known ones."""
-    from .recipes import load_recipes
+    from dsparkhub.layouts.recipes import load_recipes
 
     if value is None:
         return None
@@ -177,7 +177,7 @@ def _pickle_source(path: str, allow_pickle: bool) -> str:
     """``path``, or with ``--allow-pickle`` a temporary safetensors copy of a pickle-only checkpoint."""
     if not allow_pickle:
         return path
-    from .checkpoint import resolve_pickle
+    from dsparkhub.io.checkpoint import resolve_pickle
 
     resolved = resolve_pickle(path)
     if str(resolved) != str(path):
@@ -194,7 +194,7 @@ def _pickle_source(path: str, allow_pickle: bool) -> str:
 @handle_errors
 def inspect(path: str, layout: str | None, as_json: bool, allow_pickle: bool) -> None:
     """Describe a drafter checkpoint (any known layout) from its config and safetensors headers."""
-    from .recipes import open_draft
+    from dsparkhub.layouts.recipes import open_draft
 
     d = open_draft(_pickle_source(path, allow_pickle), layout=layout)
     if as_json:
@@ -235,7 +235,7 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
              engine: str, as_json: bool, deep: bool) -> None:
     """Check a drafter against its target and vLLM 0.32's contract (configs and headers only; --deep reads the
     data too). Exit 1 on errors."""
-    from .validate import validate as run_validate
+    from dsparkhub.validate import validate as run_validate
 
     report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout,
                           engine=engine, deep=deep)
@@ -287,7 +287,7 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
             max_shard_size, dry_run, as_json, draft_vocab, draft_vocab_from, declare_block_layout, attach_to, attach_as,
             link, allow_pickle, base_model):
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
-    from .convert import convert as run_convert, plan_conversion
+    from dsparkhub.convert import convert as run_convert, plan_conversion
 
     named, src = src, _pickle_source(src, allow_pickle)
 
@@ -299,7 +299,7 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
             raise click.UsageError("--draft-vocab is for standalone outputs: an attached V4 drafter shares the "
                                    "target's LM head")
         if attach_as == "dspark-subfolder":
-            from .attach_subfolder import attach_subfolder
+            from dsparkhub.attach_subfolder import attach_subfolder
 
             r = attach_subfolder(src, attach_to, out, layout=layout, link=link or "auto", overwrite=overwrite,
                                  force=force, max_shard_bytes=max_shard_size)
@@ -322,7 +322,7 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
                            draft_vocab_from=list(draft_vocab_from),
                            allow_different_embeddings=allow_different_embeddings)
     if dry_run:
-        from .convert import check_output
+        from dsparkhub.convert import check_output
 
         check_output(out, plan, src=src, overwrite=overwrite, pickle_origin=named if src != named else None)
         if as_json:
@@ -385,7 +385,7 @@ def _print_plan(plan) -> None:
 
 
 def _attach(src, target_dir, out, *, layout, link, overwrite, force, max_shard_size, as_json) -> None:
-    from .attach import attach
+    from dsparkhub.attach import attach
 
     r = attach(src, target_dir, out, layout=layout, link=link, overwrite=overwrite, force=force,
                max_shard_bytes=max_shard_size)
@@ -417,7 +417,7 @@ def _attach(src, target_dir, out, *, layout, link, overwrite, force, max_shard_s
 @handle_errors
 def detach(attached: str, out: str, overwrite: bool) -> None:
     """Extract the drafter of an attached (DeepSeek-V4-style) checkpoint into a standalone folder."""
-    from .attach import detach as run_detach
+    from dsparkhub.attach import detach as run_detach
 
     r = run_detach(attached, out, overwrite=overwrite)
     how = "restored exactly as attached" if r.restored else "mtp.* tensors + config (deepseek-v4 layout)"
@@ -435,7 +435,7 @@ def manifests() -> None:
 @handle_errors
 def manifests_list(as_json: bool) -> None:
     """List target and release manifests."""
-    from .manifests import load_manifests
+    from dsparkhub.layouts.manifests import load_manifests
 
     targets, releases = load_manifests()
     if as_json:
@@ -461,7 +461,7 @@ def manifests_show(name: str, as_json: bool) -> None:
     """Show one manifest, with the provenance of each value."""
     import yaml
 
-    from .manifests import get_manifest, unshipped_citations
+    from dsparkhub.layouts.manifests import get_manifest, unshipped_citations
 
     m = get_manifest(name)
     data = m.to_dict()
@@ -492,7 +492,7 @@ def manifests_show(name: str, as_json: bool) -> None:
 @handle_errors
 def skeleton(manifest: str, out: str, tiny: bool, with_drafter: bool, overwrite: bool) -> None:
     """Write a target checkpoint from a manifest: real names / shapes / dtypes / shards as sparse files."""
-    from .skeleton import write_skeleton
+    from dsparkhub.skeleton import write_skeleton
 
     r = write_skeleton(manifest, out, tiny=tiny, with_drafter=with_drafter, overwrite=overwrite)
     if r.manifest and r.manifest != manifest and not r.manifest.startswith(manifest):
@@ -573,8 +573,8 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
            overwrite, concurrency, repeats, threads, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses."""
-    from .verify.results import format_summary_table
-    from .verify.runner import LoadOptions, VerifyArgumentError, run_verify
+    from dsparkhub.verify.results import format_summary_table
+    from dsparkhub.verify.runner import LoadOptions, VerifyArgumentError, run_verify
 
     if quiet:
         _hide_transformers_progress()
@@ -592,7 +592,7 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
     except VerifyArgumentError as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
     if Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
-        from .checkpoint import resolve_step_dir
+        from dsparkhub.io.checkpoint import resolve_step_dir
 
         draft = resolve_step_dir(draft)
     s = results.settings
@@ -634,8 +634,8 @@ def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature,
     """Fit the confidence head's per-position temperatures (SGLang STS) on a fit split of the reference engine's
     verify steps; report ECE / Brier / AUROC before and after on the held-out split and a threshold sweep; write
     dspark_sts.json (SGLang --speculative-dspark-confidence-sts-path) next to the drafter."""
-    from .calibrate import format_report, run_calibration
-    from .verify.runner import VerifyArgumentError
+    from dsparkhub.calibrate import format_report, run_calibration
+    from dsparkhub.verify.runner import VerifyArgumentError
 
     if quiet:
         _hide_transformers_progress()
@@ -666,7 +666,7 @@ def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature,
 @handle_errors
 def card(draft, results_paths, template, license_, base_model, repo_id, overwrite, check_paths) -> None:
     """Write README.md (model card) and plots into the drafter folder from verify results files."""
-    from .card import write_card
+    from dsparkhub.card import write_card
 
     out = write_card(draft, list(results_paths), template=template, license=license_, base_model=base_model,
                      repo_id=repo_id, overwrite=overwrite, checks=list(check_paths))
@@ -738,7 +738,7 @@ def push(draft, repo_id, revision, private, dry_run, force, endpoint, target, ex
          delete, commit_message, commit_description, create_pr, as_json) -> None:
     """Push a drafter folder to the Hub as one commit, as `hf upload` does (files on the Hub that the folder lacks
     are kept unless --delete), after validation and a check of the card's serve commands."""
-    from .hub import push as push_folder
+    from dsparkhub.hub.push import push as push_folder
 
     if create_pr and revision not in (None, "main"):
         raise click.UsageError("--create-pr opens a pull request against main; drop --revision")
@@ -770,7 +770,7 @@ def example() -> None:
 @handle_errors
 def example_build(cache_dir: str | None, force: bool, from_scratch: bool, as_json: bool) -> None:
     """Lay out the shipped example in the cache (or train one) and print where its folders are and its measured τ."""
-    from .example import build_example
+    from dsparkhub.example import build_example
 
     ex = build_example(cache_dir, force=force, from_scratch=from_scratch,
                        progress=lambda line: click.echo(line, err=True))
@@ -807,7 +807,7 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
     """Run vLLM 0.32's own checks of a converted DSpark, DFlash or EAGLE-3 drafter on CPU, with the drafter's own
     method: config, load_weights, engine. Exit 1 on failure (a refused engine stage on CPU is expected for DSpark and
     not a failure)."""
-    from .verify.vllm_checks import check_with_vllm
+    from dsparkhub.verify.vllm.checks import check_with_vllm
 
     report = check_with_vllm(draft, target, method=method, num_speculative_tokens=num_speculative_tokens,
                              dtype=dtype)
@@ -839,7 +839,7 @@ def sglang_check(draft: str | None, target: str, algorithm: str | None, as_json:
     resolution and draft-config parsing, load_weights, engine. Without DRAFT, SGLang finds the drafter in the target
     (dspark_* keys or a dspark/ subfolder). Exit 1 on failure (the engine stage is refused on CPU: SGLang serves
     DSpark on CUDA / NPU / XPU only)."""
-    from .verify.sglang_checks import check_with_sglang
+    from dsparkhub.verify.sglang.checks import check_with_sglang
 
     report = check_with_sglang(draft, target, algorithm=algorithm)
     if as_json:
@@ -869,15 +869,15 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     import tempfile
     from pathlib import Path
 
-    from .card import write_card
-    from .convert import convert as run_convert
-    from .example import build_example
-    from .hub import push as push_folder
-    from .recipes import open_draft
-    from .testing.hub_server import LocalHub
-    from .validate import validate as run_validate
-    from .verify.results import format_summary_table
-    from .verify.runner import LoadOptions, run_verify
+    from dsparkhub.card import write_card
+    from dsparkhub.convert import convert as run_convert
+    from dsparkhub.example import build_example
+    from dsparkhub.hub.push import push as push_folder
+    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.testing.hub_server import LocalHub
+    from dsparkhub.validate import validate as run_validate
+    from dsparkhub.verify.results import format_summary_table
+    from dsparkhub.verify.runner import LoadOptions, run_verify
 
     if quiet:
         _hide_transformers_progress()

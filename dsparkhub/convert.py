@@ -28,15 +28,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__
-from .checkpoint import _expected_nbytes, pickle_weight_files, resolve_step_dir
-from .errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
-from .hashing import sha256_file, sha256_files
-from .recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
+from dsparkhub import __version__
+from dsparkhub.io.checkpoint import _expected_nbytes, pickle_weight_files, resolve_step_dir
+from dsparkhub.errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
+from dsparkhub.io.hashing import sha256_file, sha256_files
+from dsparkhub.layouts.recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
                       resolve_output_recipe, write_config)
-from .target import TargetSpec, open_target
-from .validate import Finding, ValidationReport, validate
-from .writer import SourceBytes, atomic_output, refuse_overlap, write_json, write_shards
+from dsparkhub.target import TargetSpec, open_target
+from dsparkhub.validate import Finding, ValidationReport, validate
+from dsparkhub.io.writer import SourceBytes, atomic_output, refuse_overlap, write_json, write_shards
 
 PROVENANCE_NAME = "dsparkhub_provenance.json"
 SHARED_WITH_TARGET = {"embed_tokens.weight": "embed", "lm_head.weight": "lm_head"}
@@ -165,7 +165,7 @@ def _first_difference(path_a: Path, start_a: int, path_b: Path, start_b: int, nb
     Raises:
         CheckpointFormatError: either range is cut short by the end of its file.
     """
-    from .errors import CheckpointFormatError
+    from dsparkhub.errors import CheckpointFormatError
 
     with open(path_a, "rb", buffering=0) as fa, open(path_b, "rb", buffering=0) as fb:
         done = 0
@@ -218,7 +218,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
     d = open_draft(src, layout=layout)
     t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
     if declare_block_layout and declare_block_layout != d.spec.block_layout:
-        from .spec import ANCHOR_FIRST, ONE_PLUS_N
+        from dsparkhub.layouts.spec import ANCHOR_FIRST, ONE_PLUS_N
 
         if declare_block_layout not in (ANCHOR_FIRST, ONE_PLUS_N):
             raise ConversionRefusedError(f"unknown block layout {declare_block_layout!r}; expected "
@@ -263,7 +263,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             f"layout {recipe.name!r} cannot hold a {spec.family} {spec.variant} drafter (read as {spec.layout!r}); "
             "writing it there would lose or reinterpret tensors", path=d.checkpoint.path,
             hint="layouts that can: " + ", ".join(r.name for r in load_recipes() if can_hold(r, spec)))
-    from .causality import causality_refusal
+    from dsparkhub.layouts.causality import causality_refusal
 
     why = causality_refusal(spec, recipe)
     if why:
@@ -276,7 +276,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         if limits.get("full_vocab"):
             raise ConversionRefusedError(f"layout {recipe.name!r} shares the target's LM head, so it cannot hold a "
                                          "reduced draft vocab", path=d.checkpoint.path)
-        from .draft_vocab import choose_draft_vocab
+        from dsparkhub.draft_vocab import choose_draft_vocab
 
         dv = choose_draft_vocab(t.source if t is not None and t.local else "", list(draft_vocab_from or []),
                                 draft_vocab, vocab_size=spec.vocab_size)
@@ -356,7 +356,7 @@ def _fill_from_target(spec, t: TargetSpec | None, recipe: Recipe, path) -> None:
                 path=path, hint="pass --target (its repo id and config architectures are written)")
         repo = t.source
         if t.manifest:
-            from .manifests import get_manifest
+            from dsparkhub.layouts.manifests import get_manifest
 
             repo = get_manifest(t.manifest).repo_id
         elif not t.local:
@@ -486,7 +486,7 @@ def check_output(out: str | Path, plan: ConversionPlan, *, src: str | Path, over
 
     Raises:
         OutputExistsError: ``out`` exists and ``overwrite`` is False, or ``out`` is, holds or lies in the source or
-            target folder (:func:`dsparkhub.writer.refuse_overlap`).
+            target folder (:func:`dsparkhub.io.writer.refuse_overlap`).
     """
     out = Path(out)
     if out.exists() and not overwrite:
@@ -498,8 +498,8 @@ def check_output(out: str | Path, plan: ConversionPlan, *, src: str | Path, over
 def _target_record(t: TargetSpec, base_model: str | None) -> dict:
     """Provenance of the target: Hub id (``base_model``, else :func:`dsparkhub.target.target_repo_id`), and for a
     local folder its name, ``config.json`` sha256 and header fingerprint (no local path)."""
-    from .target import target_repo_id
-    from .verify.results import target_fingerprint
+    from dsparkhub.target import target_repo_id
+    from dsparkhub.verify.results import target_fingerprint
 
     repo, how = (base_model, "--base-model") if base_model else target_repo_id(t)
     folder = Path(t.checkpoint.path) if t.local else None  # a Hub id read from the HF cache is local too
@@ -525,7 +525,7 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         max_shard_bytes: output shard cap (default: the largest tensor + 256 MiB).
         plan: a plan already made by :func:`plan_conversion` (skips planning).
         pickle_origin: the folder the user named when ``src`` is the temporary safetensors copy of its pickle
-            weights (``--allow-pickle``, :func:`dsparkhub.checkpoint.pickle_as_safetensors`): provenance then
+            weights (``--allow-pickle``, :func:`dsparkhub.io.checkpoint.pickle_as_safetensors`): provenance then
             records that folder and the sha256 of its own pickle files, not the temporary copy.
         base_model: the target's Hub repo id, recorded in provenance (``target.repo_id``) and used by the card;
             default: found by :func:`dsparkhub.target.target_repo_id` (config ``_name_or_path``, manifests).
@@ -538,7 +538,7 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
 
     Raises:
         OutputExistsError: ``out`` exists and ``overwrite`` is False (checked before any work), or ``out`` is, holds
-            or lies in the source or target folder (:func:`dsparkhub.writer.refuse_overlap`).
+            or lies in the source or target folder (:func:`dsparkhub.io.writer.refuse_overlap`).
         everything :func:`plan_conversion` raises.
     """
     out = Path(out)

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConversionRefusedError
+from dsparkhub.errors import ConversionRefusedError
 
 
 @dataclass
@@ -99,7 +99,7 @@ def choose_draft_vocab(target: str | Path, datasets: list[str], size: int, *, vo
     """
     import torch
 
-    from .verify.prompts import load_datasets
+    from dsparkhub.verify.prompts import load_datasets
 
     if not 1 <= size < vocab_size:
         raise ConversionRefusedError(f"--draft-vocab {size}: a reduced draft vocab needs 1 <= N < {vocab_size} "

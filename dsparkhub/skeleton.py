@@ -27,11 +27,11 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .checkpoint import DTYPE_BITS, INDEX_NAME
-from .errors import ManifestError
-from .families import evaluate
-from .manifests import ReleaseManifest, TargetManifest, get_manifest
-from .writer import atomic_output, write_json
+from dsparkhub.io.checkpoint import DTYPE_BITS, INDEX_NAME
+from dsparkhub.errors import ManifestError
+from dsparkhub.layouts.families import evaluate
+from dsparkhub.layouts.manifests import ReleaseManifest, TargetManifest, get_manifest
+from dsparkhub.io.writer import atomic_output, write_json
 
 MARKER = "dsparkhub_skeleton.json"
 _WRAPPED = {"kimi_k25", "gemma4"}
@@ -298,8 +298,8 @@ def write_skeleton(manifest: TargetManifest | str, out: str | Path, *, tiny: boo
         groups += [[t for t in drafter if t.name.startswith(f"mtp.{k}.")] for k in range(stages)]
         tensors = tensors + drafter
         dd = m.drafter_defaults
-        from .attach import dspark_config_keys
-        from .spec import DraftSpec
+        from dsparkhub.attach import dspark_config_keys
+        from dsparkhub.layouts.spec import DraftSpec
 
         spec = DraftSpec("deepseek-v4", "dspark", "deepseek-v4", m.architecture, dd["block_size"], "anchor_first",
                          list(dd["target_layer_ids"]), m.num_hidden_layers, dd["markov_rank"], "vanilla", True,
@@ -359,8 +359,8 @@ def sparse_drafter(out: str | Path, config: dict, *, layout: str | None = None) 
     Raises:
         LayoutError: the config matches no layout, or the layout has no family table.
     """
-    from .families import expected_tensors
-    from .recipes import open_draft
+    from dsparkhub.layouts.families import expected_tensors
+    from dsparkhub.layouts.recipes import open_draft
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -2,10 +2,10 @@
 from ``config.json`` and safetensors headers only.
 
 A target is named by a local HF folder, or a Hub repo id (``ns/name[@revision]``, headers fetched with HTTP range
-requests by ``dsparkhub.hub``; never the weights). Multimodal wrappers (``text_config``: Kimi-K2.5 ``kimi_k25``,
+requests by ``dsparkhub.hub.push``; never the weights). Multimodal wrappers (``text_config``: Kimi-K2.5 ``kimi_k25``,
 Gemma4) are read through their text config.
 
-Does not: load weights (the reference engine does that, in ``dsparkhub.verify.reference``).
+Does not: load weights (the reference engine does that, in ``dsparkhub.verify.reference.engine``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import Checkpoint, TensorInfo, open_checkpoint
-from .errors import CheckpointNotFoundError, HubError, IncompatibleTargetError
+from dsparkhub.io.checkpoint import Checkpoint, TensorInfo, open_checkpoint
+from dsparkhub.errors import CheckpointNotFoundError, HubError, IncompatibleTargetError
 
 #: embedding / LM-head tensor names seen in target checkpoints, most common first (HF Qwen3/Gemma4,
 #: multimodal wrappers, DeepSeek-V4 native names ``embed.weight`` / ``head.weight``).
@@ -117,7 +117,7 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
 
     Raises:
         CheckpointNotFoundError: neither a local folder nor a repo id.
-        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub``). With
+        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub.push``). With
             ``HF_HUB_OFFLINE=1`` a repo id is read from the HF cache when it was downloaded before.
         CheckpointFormatError / IncompatibleTargetError: malformed config or headers.
     """
@@ -127,8 +127,8 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
         spec = target_from_checkpoint(open_checkpoint(path, lazy=True), source)
         marker = path / "dsparkhub_skeleton.json"
         if marker.is_file():  # a skeleton written by dsparkhub.skeleton: its manifest knows the seeds' settings
-            from .checkpoint import read_json
-            from .manifests import get_manifest
+            from dsparkhub.io.checkpoint import read_json
+            from dsparkhub.layouts.manifests import get_manifest
 
             info = read_json(marker, "dsparkhub_skeleton.json")
             m = get_manifest(str(info.get("manifest", "")).removesuffix("-tiny"))
@@ -138,12 +138,12 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
         return spec
     name = source.removeprefix("manifest:")
     if "/" not in name:
-        from .manifests import is_manifest_name, target_spec_from_manifest
+        from dsparkhub.layouts.manifests import is_manifest_name, target_spec_from_manifest
 
         if is_manifest_name(name) or source.startswith("manifest:"):
             return target_spec_from_manifest(name)
     if _REPO_ID.match(source) and not source.startswith((".", "/")):
-        from .hub import remote_checkpoint
+        from dsparkhub.hub.push import remote_checkpoint
 
         repo, _, revision = source.partition("@")
         cached = _cached_snapshot(repo, revision or None)
@@ -179,7 +179,7 @@ def manifest_for_headers(spec: TargetSpec):
     vocab size and the two tensors both sides know. Returns None unless exactly one manifest matches (the tiny
     skeletons and the embedded example match none).
     """
-    from .manifests import load_manifests
+    from dsparkhub.layouts.manifests import load_manifests
 
     def key(t):
         return None if t is None else (t.name, tuple(t.shape), t.dtype)
@@ -208,7 +208,7 @@ def target_repo_id(source: str | Path | TargetSpec) -> tuple[str | None, str]:
     text = spec.source if spec is not None else str(source)
     if spec is None and not Path(text).exists():
         name = text.removeprefix("manifest:")
-        from .manifests import TargetManifest, get_manifest, is_manifest_name
+        from dsparkhub.layouts.manifests import TargetManifest, get_manifest, is_manifest_name
 
         if "/" not in name and is_manifest_name(name):
             m = get_manifest(name)
@@ -218,7 +218,7 @@ def target_repo_id(source: str | Path | TargetSpec) -> tuple[str | None, str]:
     if spec is not None and not Path(text).exists() and _hub_id_like(text.partition("@")[0]):
         return text.partition("@")[0], "Hub repo id"  # e.g. read from the HF cache offline
     if spec is not None and spec.manifest and not spec.local:
-        from .manifests import get_manifest
+        from dsparkhub.layouts.manifests import get_manifest
 
         return get_manifest(spec.manifest).repo_id, f"manifest {spec.manifest}"
     if spec is not None and not spec.local:
@@ -233,8 +233,8 @@ def target_repo_id(source: str | Path | TargetSpec) -> tuple[str | None, str]:
             return cfg["_name_or_path"], "config.json _name_or_path"
     marker = Path(spec.source) / "dsparkhub_skeleton.json"
     if spec.manifest and marker.is_file():
-        from .checkpoint import read_json
-        from .manifests import get_manifest
+        from dsparkhub.io.checkpoint import read_json
+        from dsparkhub.layouts.manifests import get_manifest
 
         if not read_json(marker, "dsparkhub_skeleton.json").get("tiny"):  # tiny ones have other geometry
             return get_manifest(spec.manifest).repo_id, f"skeleton of manifest {spec.manifest}"

@@ -16,9 +16,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .recipes import OpenedDraft, open_draft
-from .spec import ANCHOR_FIRST, DraftSpec
-from .target import TargetSpec, open_target
+from dsparkhub.layouts.recipes import OpenedDraft, open_draft
+from dsparkhub.layouts.spec import ANCHOR_FIRST, DraftSpec
+from dsparkhub.target import TargetSpec, open_target
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 _ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -199,7 +199,7 @@ def _check_intrinsic(d: OpenedDraft, out: _Collector, n: int | None) -> None:
                 hint='always pass "method": "dspark" in --speculative-config, or rename the folder')
 
     _check_layout_rules(d, out)
-    from .families import expected_tensors
+    from dsparkhub.layouts.families import expected_tensors
 
     expected, open_layers = expected_tensors(spec)
     shapes = {e.name: e.shape for e in expected}
@@ -266,7 +266,7 @@ def _check_sidecar(d: OpenedDraft, out: _Collector) -> None:
         return
     import json
 
-    from .calibrate import STS_FILE, sidecar_problems
+    from dsparkhub.calibrate import STS_FILE, sidecar_problems
 
     path = Path(d.checkpoint.path) / STS_FILE
     if not path.is_file():
@@ -461,7 +461,7 @@ def _check_target(d: OpenedDraft, t: TargetSpec, out: _Collector, engine: str = 
     named = spec.target_ref.get("name_or_path")
     repo = None
     if t.manifest:
-        from .manifests import get_manifest
+        from dsparkhub.layouts.manifests import get_manifest
 
         repo = get_manifest(t.manifest).repo_id
     elif not t.local:
@@ -519,7 +519,7 @@ def count_nonfinite(path: str | Path, start: int, nbytes: int, dtype: str) -> tu
     """
     import torch
 
-    from .errors import CheckpointFormatError
+    from dsparkhub.errors import CheckpointFormatError
 
     td = getattr(torch, _NONFINITE_DTYPES[dtype])
     size = torch.empty((), dtype=td).element_size()
@@ -598,7 +598,7 @@ def _check_family(d: OpenedDraft, t: TargetSpec, out: _Collector) -> None:
     (qwen3_dspark.py, gemma4_dspark.py, deepseek_v4/*/dspark.py, K3DSparkConfig) and DeepSpec one trainer per target
     family (deepspec/trainer/dspark_trainer.py Qwen3DSparkTrainer / Gemma4DSparkTrainer). DFlash / EAGLE-3 drafters
     are exempt: z-lab ships Qwen3-backbone DFlash drafters for Llama and gpt-oss targets."""
-    from .families import family_of_target
+    from dsparkhub.layouts.families import family_of_target
 
     spec = d.spec
     if spec.variant != "dspark" and spec.layout != "deepspec":

@@ -661,7 +661,7 @@ def bench_convert(work: Path, size: str) -> None:
 
 
 def bench_hash(work: Path, size: str) -> None:
-    """dsparkhub.hashing.sha256_files vs ``sha256sum`` on the same files (page cache warm for both)."""
+    """dsparkhub.io.hashing.sha256_files vs ``sha256sum`` on the same files (page cache warm for both)."""
     _, draft = make_qwen3_pair(work, size)
     n = {"tiny": 2, "small": 4, "full": 4}[size]
     files = []
@@ -679,7 +679,7 @@ def bench_hash(work: Path, size: str) -> None:
         subprocess.run(["cat", str(f)], stdout=subprocess.DEVNULL, check=True)
     print(f"\n== hashing: {n} files x {fmt_b(per)} ({load_note()})")
     # the child records the CPU time each worker thread spent (sha256_file is looked up at call time)
-    code = ("import sys, time, threading; import dsparkhub.hashing as H; per = {}; one = H.sha256_file\n"
+    code = ("import sys, time, threading; import dsparkhub.io.hashing as H; per = {}; one = H.sha256_file\n"
             "def timed(p):\n    c = time.thread_time(); r = one(p); k = threading.get_ident()\n"
             "    per[k] = per.get(k, 0) + time.thread_time() - c; return r\n"
             "H.sha256_file = timed; t = time.perf_counter(); h = H.sha256_files(sys.argv[1:]); "
@@ -896,7 +896,7 @@ def bench_attach(work: Path, size: str) -> None:
     draft = (v4_real_drafter(work) if size == "full" else None) or small_draft
     shards = sorted(target.glob("*.safetensors"))
     tbytes, dbytes = sum(p.stat().st_size for p in shards), dir_bytes(draft)
-    from dsparkhub.checkpoint import read_header
+    from dsparkhub.io.checkpoint import read_header
 
     ntensors = sum(len(read_header(f)[0]) for f in draft.glob("*.safetensors"))
     print(f"\n== attach: {fmt_b(dbytes)} drafter ({ntensors:,} tensors, real bytes) into a {fmt_b(tbytes)} "
@@ -960,10 +960,10 @@ def bench_push(work: Path, size: str) -> None:
     env = {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(work / "hf-home"),
            "HF_TOKEN": "hf_benchToken",
            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    code = ("import sys, json, time; from dsparkhub.hub import push; t = time.perf_counter(); "
+    code = ("import sys, json, time; from dsparkhub.hub.push import push; t = time.perf_counter(); "
             "r = push(sys.argv[1], 'bench/drafter', endpoint=sys.argv[2], token='hf_benchToken'); "
             "print(json.dumps({'bytes': r.bytes_uploaded, 'committed': r.committed, 's': time.perf_counter() - t}))")
-    hcode = ("import sys, time; from dsparkhub.hashing import sha256_files; "
+    hcode = ("import sys, time; from dsparkhub.io.hashing import sha256_files; "
              "t = time.perf_counter(); sha256_files(sys.argv[1:]); print(time.perf_counter() - t)")
     with LocalHub(hub_root, tokens={"hf_benchToken": "bench"}) as hub:
         first = run_child([PY, "-c", code, draft, hub.url], env=env)
@@ -995,7 +995,7 @@ def bench_push(work: Path, size: str) -> None:
 VERIFY_CHILD = r"""
 import json, sys, time
 import torch
-from dsparkhub.verify.reference import ReferenceEngine
+from dsparkhub.verify.reference.engine import ReferenceEngine
 target, drafter = sys.argv[1], sys.argv[2]
 n, new_tokens, nprompts, vocab = (int(x) for x in sys.argv[3:7])
 prompts_file = sys.argv[7] if len(sys.argv) > 7 else ""

@@ -35,7 +35,7 @@ def main() -> int:
     from dsparkhub.example import build_example
     from dsparkhub.torch_threads import threads_for
     from dsparkhub.verify.prompts import load_datasets
-    from dsparkhub.verify.reference import ReferenceEngine
+    from dsparkhub.verify.reference.engine import ReferenceEngine
 
     ex = build_example()
     prompts = load_datasets([str(ex.prompts)], str(ex.target))[0].prompts

@@ -18,7 +18,7 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     from dsparkhub.errors import DsparkhubError
-    from dsparkhub.manifests import load_manifests
+    from dsparkhub.layouts.manifests import load_manifests
     from dsparkhub.skeleton import write_skeleton
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

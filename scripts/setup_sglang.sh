@@ -10,11 +10,11 @@
 #      sglang.benchmark.serving needs on CPU (found by importing them until nothing was missing), each pinned to what
 #      the sglang 0.5.23 wheel asks for where it pins one; compressed-tensors --no-deps (it would pull CUDA torch).
 #      torchvision is left out: PyPI's wheel links CUDA torch (libtorch_cuda.so) and fails beside CPU torch; SGLang's
-#      config package imports it only for multimodal image processors, so dsparkhub/verify/sglang_child.py answers
+#      config package imports it only for multimodal image processors, so dsparkhub/verify/sglang/child.py answers
 #      those imports with a placeholder (see its docstring).
 # What runs from it: SGLang's own server-argument resolution and draft-config parsing (hf_transformers_utils.get_config,
 # dspark_config.parse_dspark_draft_config, dflash_utils.parse_dflash_draft_config), its model registry and the DSpark /
-# DFlash draft classes' load_weights on CPU (dsparkhub/verify/sglang_child.py).
+# DFlash draft classes' load_weights on CPU (dsparkhub/verify/sglang/child.py).
 # Serving itself needs SGLang's GPU install (`pip install sglang==0.5.23` on a CUDA node).
 #   scripts/setup_sglang.sh            build or complete .venv-sglang in the repository root
 #   SGLANG_VENV=DIR scripts/setup_sglang.sh   build it elsewhere
@@ -40,8 +40,8 @@ echo "torch==2.13.0" > "$CONSTRAINTS"
 "$PIP" install -q --no-deps compressed-tensors==0.18.0
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md, sys
-sys.path.insert(0, "dsparkhub/verify")
-import sglang_child  # stdlib-only module: the torchvision placeholder the checks run with
+sys.path.insert(0, "dsparkhub/verify/sglang")
+import child as sglang_child  # stdlib-only module: the torchvision placeholder the checks run with
 sglang_child.install_placeholder()
 import torch
 for mod in ("sglang.srt.configs.model_config", "sglang.srt.models.dspark", "sglang.srt.models.dflash",

@@ -13,12 +13,12 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from dsparkhub.attach import ATTACH_RECORD, attach, detach
-from dsparkhub.checkpoint import open_checkpoint
+from dsparkhub.io.checkpoint import open_checkpoint
 from dsparkhub.cli import main
 from dsparkhub.convert import convert
 from dsparkhub.errors import ConversionRefusedError, OutputExistsError, UnsafeCheckpointError, ValidationFailedError
-from dsparkhub.hashing import sha256_file
-from dsparkhub.recipes import open_draft
+from dsparkhub.io.hashing import sha256_file
+from dsparkhub.layouts.recipes import open_draft
 from dsparkhub.testing import factories as F
 from dsparkhub.validate import validate
 

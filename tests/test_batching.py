@@ -1,4 +1,4 @@
-"""dsparkhub.verify.batching: ragged batched decoding equals the batch-1 loop; threads by model size; the runner's
+"""dsparkhub.verify.reference.batching: ragged batched decoding equals the batch-1 loop; threads by model size; the runner's
 concurrency axis, interleaved repeats and refusals."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from dsparkhub.example import make_tiny_drafter, make_tiny_target
 from dsparkhub.verify import runner
 from dsparkhub.torch_threads import threads_for
-from dsparkhub.verify.reference import ReferenceEngine
+from dsparkhub.verify.reference.engine import ReferenceEngine
 
 torch.set_num_threads(1)
 

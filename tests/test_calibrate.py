@@ -238,7 +238,7 @@ def test_a_drafter_without_confidence_head_is_refused(tmp_path):
 
 
 def test_push_ships_the_sidecar(tmp_path):
-    from dsparkhub.hub import local_files
+    from dsparkhub.hub.push import local_files
 
     (tmp_path / "config.json").write_text("{}")
     write_sidecar(_sidecar(), tmp_path / STS_FILE)
@@ -291,7 +291,7 @@ def test_the_reference_engine_records_every_verify_step(tmp_path):
     import torch
 
     from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
-    from dsparkhub.verify.reference import ReferenceEngine
+    from dsparkhub.verify.reference.engine import ReferenceEngine
 
     torch.set_num_threads(1)
     target = make_qwen3_target(tmp_path / "target")
@@ -340,7 +340,7 @@ def test_an_existing_sidecar_and_a_bad_device_stop_before_any_model_loads(tmp_pa
 
     target = make_qwen3_target(tmp_path / "target")
     run = make_deepspec_drafter(tmp_path / "run", target)
-    import dsparkhub.verify.reference as reference
+    import dsparkhub.verify.reference.engine as reference
 
     monkeypatch.setattr(reference, "ReferenceEngine", lambda *a, **k: pytest.fail("a model was loaded"))
     bad = CliRunner().invoke(main, ["calibrate", str(run), "--target", str(target), "--device", "nonsense"])

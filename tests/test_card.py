@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from dsparkhub.card import CardError, write_card
 from dsparkhub.cli import main
 from dsparkhub.errors import ResultsError
-from dsparkhub.hashing import checkpoint_fingerprint
+from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.verify.results import EngineInfo, ModelRef, Settings, build_results
 from dsparkhub.verify.stats import RunStats
 

@@ -24,12 +24,12 @@ def test_skeleton_of_a_release_name_writes_its_target(tmp_path):
 
 
 def test_ctrl_c_exits_130(models, monkeypatch):
-    import dsparkhub.recipes
+    import dsparkhub.layouts.recipes
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dsparkhub.recipes, "open_draft", interrupted)
+    monkeypatch.setattr(dsparkhub.layouts.recipes, "open_draft", interrupted)
     res = CliRunner().invoke(main, ["inspect", str(models[0])])
     assert res.exit_code == 130 and "interrupted" in res.output
 
@@ -60,7 +60,7 @@ def test_a_mistyped_manifest_name_gets_close_names():
 
 
 def test_manifests_show_says_which_citations_are_not_in_the_repository():
-    from dsparkhub.manifests import unshipped_citations
+    from dsparkhub.layouts.manifests import unshipped_citations
 
     assert unshipped_citations("FORMATS §7, and reference notes §1.4; 3p notes") == [
         "FORMATS §7", "reference notes §1.4", "3p notes"]

@@ -11,13 +11,13 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dsparkhub import writer
+from dsparkhub.io import writer
 from dsparkhub.cli import main
 from dsparkhub.convert import PROVENANCE_NAME, convert, plan_conversion
 from dsparkhub.errors import (CheckpointNotFoundError, ConversionRefusedError, OutputExistsError,
                               ValidationFailedError)
-from dsparkhub.hashing import sha256_file
-from dsparkhub.recipes import open_draft
+from dsparkhub.io.hashing import sha256_file
+from dsparkhub.layouts.recipes import open_draft
 from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target, make_zlab_dflash_drafter
 
 
@@ -192,7 +192,7 @@ def test_overwrite_replaces_folders_only_and_training_state_is_no_shard(tmp_path
     assert afile.read_text() == "keep me"
     step = run / "step_latest"
     (step / "optimizer.safetensors").write_bytes((step / "model.safetensors").read_bytes())
-    from dsparkhub.checkpoint import open_checkpoint
+    from dsparkhub.io.checkpoint import open_checkpoint
 
     assert open_checkpoint(step).files == ["model.safetensors"]
 

@@ -13,7 +13,7 @@ from dsparkhub.cli import main
 from dsparkhub.convert import convert, plan_conversion
 from dsparkhub.draft_vocab import choose_draft_vocab
 from dsparkhub.errors import ConversionRefusedError
-from dsparkhub.modeling import load_drafter
+from dsparkhub.verify.reference.modeling import load_drafter
 from dsparkhub.testing import factories as F
 from dsparkhub.validate import validate
 
@@ -100,7 +100,7 @@ def test_refusals(pair, tmp_path):
 @pytest.mark.slow
 def test_reduced_example_drafter_stays_lossless(example, tmp_path):
     """The trained example drafter with 512 of 1024 tokens: lossless, and it still drafts."""
-    from dsparkhub.verify.reference import ReferenceEngine
+    from dsparkhub.verify.reference.engine import ReferenceEngine
     from dsparkhub.verify.prompts import load_datasets
 
     plan = plan_conversion(example.deepspec_run, example.target, draft_vocab=512,

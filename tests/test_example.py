@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import dsparkhub.example as example_mod
 from dsparkhub.example import SHIPPED_FILES, build_example, example_key, shipped_example_dir, shipped_key
-from dsparkhub.modeling import load_drafter
+from dsparkhub.verify.reference.modeling import load_drafter
 
 torch.set_num_threads(1)
 MAX_NEW = example_mod.EXAMPLE_RECIPE["eval"]["max_new_tokens"]
@@ -189,7 +189,7 @@ def _engine_prompts(example, n=None):
 
 @pytest.fixture(scope="module")
 def trained(example):
-    from dsparkhub.verify.reference import ReferenceEngine, load_target
+    from dsparkhub.verify.reference.engine import ReferenceEngine, load_target
 
     target = load_target(example.target)
     prompts = _engine_prompts(example)
@@ -200,7 +200,7 @@ def trained(example):
 
 @pytest.mark.slow
 def test_trained_dspark_drafts_and_is_lossless(example, trained):
-    from dsparkhub.verify.reference import ReferenceEngine
+    from dsparkhub.verify.reference.engine import ReferenceEngine
 
     target, prompts, base = trained
     stats = ReferenceEngine(target, example.deepspec_run).run(prompts, num_speculative_tokens=7,
@@ -215,7 +215,7 @@ def test_trained_dspark_drafts_and_is_lossless(example, trained):
 
 @pytest.mark.slow
 def test_trained_dflash_drafts_and_is_lossless(example, trained):
-    from dsparkhub.verify.reference import ReferenceEngine
+    from dsparkhub.verify.reference.engine import ReferenceEngine
 
     target, prompts, base = trained
     stats = ReferenceEngine(target, example.dflash).run(prompts, num_speculative_tokens=7, max_new_tokens=MAX_NEW)
@@ -226,7 +226,7 @@ def test_trained_dflash_drafts_and_is_lossless(example, trained):
 @pytest.mark.slow
 def test_drafter_without_context_features_collapses_tau(example, trained):
     """Zero ``fc`` (the drafter no longer sees the target's hidden states): τ near 1, still lossless."""
-    from dsparkhub.verify.reference import ReferenceEngine
+    from dsparkhub.verify.reference.engine import ReferenceEngine
 
     target, prompts, base = trained
     drafter = load_drafter(example.deepspec_run, target)
@@ -251,7 +251,7 @@ def test_layer_ids_shifted_by_one(example, trained, tmp_path):
     from click.testing import CliRunner
 
     from dsparkhub.cli import main
-    from dsparkhub.verify.reference import ReferenceEngine
+    from dsparkhub.verify.reference.engine import ReferenceEngine
 
     target, prompts, base = trained
     ids = json.loads((example.dspark_step / "config.json").read_text())["target_layer_ids"]
@@ -282,7 +282,7 @@ def test_layer_ids_shifted_by_one(example, trained, tmp_path):
 @pytest.mark.slow
 def test_reading_anchor_first_as_one_plus_n_loses_acceptance(example, trained, tmp_path):
     """The DSpark drafter served with the 1+N layout (``sample_from_anchor: false``): every slot shifted by one."""
-    from dsparkhub.verify.reference import ReferenceEngine
+    from dsparkhub.verify.reference.engine import ReferenceEngine
 
     target, prompts, base = trained
     step = tmp_path / "as_1n"

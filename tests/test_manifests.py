@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from dsparkhub.cli import main
 from dsparkhub.errors import ManifestError
-from dsparkhub.manifests import (get_manifest, load_manifests, manifests_dir, meta_check,
+from dsparkhub.layouts.manifests import (get_manifest, load_manifests, manifests_dir, meta_check,
                                  target_spec_from_manifest)
 from dsparkhub.target import open_target
 from dsparkhub.testing import factories as F

@@ -1,4 +1,4 @@
-"""dsparkhub.modeling: config resolution (vLLM precedence), checkpoint names, loading, backbone semantics."""
+"""dsparkhub.verify.reference.modeling: config resolution (vLLM precedence), checkpoint names, loading, backbone semantics."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from dsparkhub.errors import CheckpointNotFoundError, IncompatibleTargetError, LayoutError
 from dsparkhub.example import make_tiny_drafter, make_tiny_target
-from dsparkhub.modeling import (
+from dsparkhub.verify.reference.modeling import (
     ContextCache,
     Drafter,
     LayerAttention,

@@ -16,10 +16,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dsparkhub.checkpoint import INDEX_NAME, open_checkpoint
+from dsparkhub.io.checkpoint import INDEX_NAME, open_checkpoint
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError, UnsafeCheckpointError
-from dsparkhub.recipes import open_draft
+from dsparkhub.layouts.recipes import open_draft
 from dsparkhub.testing.factories import make_deepspec_drafter, make_v4_target
 from dsparkhub.testing.fuzz import time_limit
 from dsparkhub.validate import validate
@@ -200,7 +200,7 @@ def test_a_hugging_face_cache_snapshot_is_readable(models, tmp_path):
     """huggingface_hub's cache: snapshots/<rev>/<file> are links to ../../blobs/<hash> (outside the folder)."""
     import hashlib
 
-    from dsparkhub.checkpoint import open_checkpoint
+    from dsparkhub.io.checkpoint import open_checkpoint
 
     _, step = models
     repo = tmp_path / "hub" / "models--me--drafter"

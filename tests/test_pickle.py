@@ -15,10 +15,10 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dsparkhub.checkpoint import open_checkpoint, pickle_as_safetensors
+from dsparkhub.io.checkpoint import open_checkpoint, pickle_as_safetensors
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError, UnsafeCheckpointError
-from dsparkhub.recipes import open_draft
+from dsparkhub.layouts.recipes import open_draft
 
 torch.set_num_threads(1)
 

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from huggingface_hub import snapshot_download
 from safetensors.torch import save_file
 
-import dsparkhub.hub as hub_mod
+import dsparkhub.hub.push as hub_mod
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointNotFoundError, ConversionRefusedError, HubError, ValidationFailedError
-from dsparkhub.hub import check_repo_id, push, remote_checkpoint, remote_checkpoint_headers
+from dsparkhub.hub.push import check_repo_id, push, remote_checkpoint, remote_checkpoint_headers
 from dsparkhub.testing import LocalHub
 
 TOKEN = "hf_FAKEtoken0123456789abcdefghijklm"

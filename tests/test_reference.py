@@ -9,8 +9,8 @@ import torch
 
 from dsparkhub.errors import VerifyError
 from dsparkhub.example import make_tiny_drafter, make_tiny_target
-from dsparkhub.modeling import target_features
-from dsparkhub.verify.reference import ReferenceEngine, rejection_step
+from dsparkhub.verify.reference.modeling import target_features
+from dsparkhub.verify.reference.engine import ReferenceEngine, rejection_step
 
 torch.set_num_threads(1)
 

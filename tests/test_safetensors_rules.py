@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dsparkhub.checkpoint import _decode_header, _decode_header_strict, parse_header_bytes, read_header, read_index
+from dsparkhub.io.checkpoint import _decode_header, _decode_header_strict, parse_header_bytes, read_header, read_index
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError
 
@@ -151,7 +151,7 @@ def test_validate_cli_refuses_a_file_safetensors_refuses(tmp_path):
 
 
 def test_push_refuses_a_file_safetensors_refuses(tmp_path):
-    from dsparkhub.hub import push
+    from dsparkhub.hub.push import push
 
     run, target = _drafter_with_trailing_bytes(tmp_path)
     folder = tmp_path / "upload"

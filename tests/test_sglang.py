@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dsparkhub.errors import EngineUnavailableError
-from dsparkhub.verify.sglang_checks import check_with_sglang, find_sglang_python, sglang_algorithm
+from dsparkhub.verify.sglang.checks import check_with_sglang, find_sglang_python, sglang_algorithm
 
 
 def _sglang_python() -> Path:
@@ -52,7 +52,7 @@ def test_vllm_output_mirrors_the_dflash_config_keys_sglang_reads(models, tmp_pat
 
 def test_vllm_output_converts_back_without_carrying_dflash_config_twice(models, tmp_path):
     from dsparkhub.convert import convert
-    from dsparkhub.recipes import open_draft
+    from dsparkhub.layouts.recipes import open_draft
 
     target, step = models
     convert(step, tmp_path / "a", target)
@@ -160,7 +160,7 @@ def test_example_drafter_converted_once_passes_sglang_check(example, converted_e
 @pytest.mark.vllm
 def test_example_drafter_converted_once_passes_vllm_check(example, converted_example):
     pytest.importorskip("vllm")
-    from dsparkhub.verify.vllm_checks import check_with_vllm
+    from dsparkhub.verify.vllm.checks import check_with_vllm
 
     report = check_with_vllm(converted_example, example.target, env={"OMP_NUM_THREADS": "1"})
     assert report.ok, report.to_dict()

@@ -12,7 +12,7 @@ import pytest
 
 from dsparkhub.errors import EngineUnavailableError, VerifyError
 from dsparkhub.verify import runner
-from dsparkhub.verify.sglang_backend import SglangServerBackend, sglang_gauges
+from dsparkhub.verify.sglang.backend import SglangServerBackend, sglang_gauges
 
 
 class _FakeSglang:

@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 from safetensors import safe_open
 
-from dsparkhub.checkpoint import open_checkpoint
+from dsparkhub.io.checkpoint import open_checkpoint
 from dsparkhub.cli import main
 from dsparkhub.errors import ManifestError
 from dsparkhub.skeleton import skeleton_tensors, sparse_drafter, write_skeleton
@@ -97,7 +97,7 @@ def test_validate_catches_drafters_built_for_another_target(tmp_path, skeletons)
 
 def test_validate_reads_headers_only(tmp_path, skeletons, monkeypatch):
     """A skeleton has no data: any read of tensor bytes would return holes; make such reads fail loudly."""
-    from dsparkhub import checkpoint
+    from dsparkhub.io import checkpoint
 
     def no_data(self, name):
         raise AssertionError(f"tensor data read: {name}")

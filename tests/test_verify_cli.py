@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from dsparkhub.cli import main
 from dsparkhub.errors import (EngineUnavailableError, LayoutError, LosslessMismatchError, ValidationFailedError,
                               VerifyError)
-from dsparkhub.hashing import checkpoint_fingerprint
+from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.verify import runner
 from dsparkhub.verify.results import VerifyResults
 from dsparkhub.verify.stats import RunStats

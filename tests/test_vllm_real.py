@@ -20,8 +20,8 @@ from conftest import require  # noqa: E402
 require("vllm")
 
 from dsparkhub.errors import EngineUnavailableError  # noqa: E402
-from dsparkhub.verify.vllm_backend import VllmBackend, spec_counters_from_prometheus  # noqa: E402
-from dsparkhub.verify.vllm_checks import check_with_vllm  # noqa: E402
+from dsparkhub.verify.vllm.backend import VllmBackend, spec_counters_from_prometheus  # noqa: E402
+from dsparkhub.verify.vllm.checks import check_with_vllm  # noqa: E402
 
 # vLLM on CPU reserves VLLM_CPU_KVCACHE_SPACE GiB of KV cache; 1 GiB is plenty for these models.
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
@@ -186,7 +186,7 @@ def test_dflash_server_backend_against_real_vllm_serve(tiny, tmp_path):
     import time
     import urllib.request
 
-    from dsparkhub.verify.vllm_backend import VllmServerBackend
+    from dsparkhub.verify.vllm.backend import VllmServerBackend
 
     port = _free_port()
     spec = json.dumps({"model": str(tiny["dflash"]), "method": "dflash", "num_speculative_tokens": 7})
@@ -237,7 +237,7 @@ def _example_prompts(example, count: int) -> list[list[int]]:
 
 def test_dflash_example_agrees_with_reference_engine(example):
     """vLLM's τ and per-position acceptance for the trained DFlash drafter match the reference engine (τ within 5%)."""
-    from dsparkhub.verify.reference import ReferenceEngine
+    from dsparkhub.verify.reference.engine import ReferenceEngine
 
     torch.set_num_threads(1)
     prompts = _example_prompts(example, 8)

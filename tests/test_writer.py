@@ -11,10 +11,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dsparkhub import writer
-from dsparkhub.checkpoint import read_header
+from dsparkhub.io import writer
+from dsparkhub.io.checkpoint import read_header
 from dsparkhub.errors import CheckpointFormatError
-from dsparkhub.writer import SourceBytes, write_safetensors
+from dsparkhub.io.writer import SourceBytes, write_safetensors
 
 
 def _sources(path):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from ..errors import CheckpointNotFoundError, OutputExistsError
+from dsparkhub.errors import CheckpointNotFoundError, OutputExistsError
 
 # The trainer and the layout writers import torch and transformers (seconds): loaded on first use, so laying out
 # the shipped example costs no import of either.
@@ -117,9 +117,9 @@ def example_key() -> str:
 
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for path in (here / "train.py", here.parent / "modeling.py"):
+    for path in (here / "train.py", here.parent / "verify" / "reference" / "modeling.py"):
         h.update(path.read_bytes())
-    from .train import EXAMPLE_RECIPE
+    from dsparkhub.example.train import EXAMPLE_RECIPE
 
     h.update(json.dumps(EXAMPLE_RECIPE, sort_keys=True).encode())
     h.update(f"{sys.version_info[:2]} {torch.__version__} {transformers.__version__} "

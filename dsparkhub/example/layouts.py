@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..modeling import Drafter, drafter_config_from_dict
+from dsparkhub.verify.reference.modeling import Drafter, drafter_config_from_dict
 
 __all__ = ["dspark_config_dict", "dflash_config_dict", "save_deepspec_step", "save_safetensors", "make_tiny_target",
            "make_tiny_drafter"]

@@ -15,7 +15,7 @@ the shipped build in ``dsparkhub/data/example/`` is what every machine uses; see
    LM head) on the same data,
 
 saves them in their real layouts (HF target folder; DeepSpec ``run/step_<N>/`` + ``step_latest``; z-lab DFlash folder)
-and measures τ with :class:`dsparkhub.verify.reference.ReferenceEngine` (:func:`measure_example`).
+and measures τ with :class:`dsparkhub.verify.reference.engine.ReferenceEngine` (:func:`measure_example`).
 
 It never touches the network; the layout writers live in :mod:`dsparkhub.example.layouts`.
 """
@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import __version__
-from ..errors import DsparkhubError
-from ..modeling import Drafter, count_parameters, drafter_config_from_dict, target_features
-from .layouts import dflash_config_dict, dspark_config_dict, save_deepspec_step, save_safetensors
+from dsparkhub import __version__
+from dsparkhub.errors import DsparkhubError
+from dsparkhub.verify.reference.modeling import Drafter, count_parameters, drafter_config_from_dict, target_features
+from dsparkhub.example.layouts import dflash_config_dict, dspark_config_dict, save_deepspec_step, save_safetensors
 
 __all__ = ["EXAMPLE_RECIPE", "SPECIAL_TOKENS", "train_example_into", "measure_example"]
 
@@ -455,7 +455,7 @@ def measure_example(target_dir: Path, dspark_dir: Path, dflash_dir: Path, prompt
     """
     from transformers import AutoTokenizer
 
-    from ..verify.reference import ReferenceEngine
+    from dsparkhub.verify.reference.engine import ReferenceEngine
 
     r = EXAMPLE_RECIPE["eval"]
     tok = AutoTokenizer.from_pretrained(str(target_dir))

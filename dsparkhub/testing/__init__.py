@@ -4,6 +4,6 @@ Nothing here is imported by the library itself; tests and users who want to try 
 Hugging Face Hub import it explicitly.
 """
 
-from .hub_server import Fault, HubRequest, LocalHub
+from dsparkhub.testing.hub_server import Fault, HubRequest, LocalHub
 
 __all__ = ["Fault", "HubRequest", "LocalHub"]

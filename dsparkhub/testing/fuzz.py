@@ -33,8 +33,8 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from ..checkpoint import DTYPE_BITS, INDEX_NAME, parse_header_bytes, read_header
-from ..errors import DsparkhubError
+from dsparkhub.io.checkpoint import DTYPE_BITS, INDEX_NAME, parse_header_bytes, read_header
+from dsparkhub.errors import DsparkhubError
 
 #: outcome counts per family, filled by the check functions (read by ``scripts/fuzz_headers.py``).
 COUNTS: Counter = Counter()
@@ -401,7 +401,7 @@ def apply_mutations(draft: Path, target: Path, ops: list[tuple]) -> None:
 
 def make_base(folder: Path) -> tuple[Path, Path]:
     """Build the pristine tiny target and DeepSpec drafter run once; returns ``(target, run)``."""
-    from .factories import make_deepspec_drafter, make_qwen3_target
+    from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
 
     target = make_qwen3_target(folder / "target", hidden=16, layers=4, vocab=64, heads=2, kv_heads=1, head_dim=8,
                                intermediate=32)
@@ -416,9 +416,9 @@ def check_folder(base: tuple[Path, Path], ops: list[tuple], work: Path, n: int |
     Every public parser on the path runs: ``open_checkpoint`` (drafter and target), ``open_draft``, ``validate``
     with the target and a ``num_speculative_tokens``.
     """
-    from ..checkpoint import open_checkpoint
-    from ..recipes import open_draft
-    from ..validate import validate
+    from dsparkhub.io.checkpoint import open_checkpoint
+    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.validate import validate
 
     if work.exists():
         shutil.rmtree(work)

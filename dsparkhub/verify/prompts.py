@@ -29,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import DsparkhubError
+from dsparkhub.errors import DsparkhubError
 
 BUILTIN = ("math", "code", "chat")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -258,7 +258,7 @@ def read_spec(spec: str) -> tuple[list[PromptRecord], str]:
         repo = spec[4:].split(":", 1)[0]
         source = f"hub:{repo}:{filename}"
         return read_jsonl(local, source=source), source
-    from ..hashing import sha256_file
+    from dsparkhub.io.hashing import sha256_file
 
     records = read_jsonl(spec)
     # a local file is recorded by its name and content hash: results and cards never publish local paths

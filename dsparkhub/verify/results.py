@@ -49,7 +49,7 @@ target.id                                  str                  Hub repo id (a l
                                                                 folder's name; never an absolute local path
 target.fingerprint                         str | null           :func:`target_fingerprint` of a local target
 drafter.id                                 str                  drafter folder name (or Hub repo / served name)
-drafter.fingerprint                        str | null           ``dsparkhub.hashing.checkpoint_fingerprint``
+drafter.fingerprint                        str | null           ``dsparkhub.io.hashing.checkpoint_fingerprint``
 settings.batch_size                        int                  1 (/1 files); /2: the largest concurrency
 settings.temperature                       float                sampling temperature (0 = greedy)
 settings.max_new_tokens                    int                  generation cap per prompt
@@ -135,9 +135,9 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
-from .. import __version__
-from ..errors import LosslessMismatchError, ResultsError
-from .stats import RunStats
+from dsparkhub import __version__
+from dsparkhub.errors import LosslessMismatchError, ResultsError
+from dsparkhub.verify.stats import RunStats
 
 SCHEMA = "dsparkhub.verify.results/2"
 SCHEMA_V1 = "dsparkhub.verify.results/1"

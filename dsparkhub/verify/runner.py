@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..errors import (CheckpointFormatError, DsparkhubError, EngineUnavailableError, OutputExistsError,
+from dsparkhub.errors import (CheckpointFormatError, DsparkhubError, EngineUnavailableError, OutputExistsError,
                       OutputNotWritableError, ValidationFailedError, VerifyError)
-from ..hashing import checkpoint_fingerprint
-from ..target import public_name
-from .results import (DEFAULT_SPREAD_LIMIT, METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results,
+from dsparkhub.io.hashing import checkpoint_fingerprint
+from dsparkhub.target import public_name
+from dsparkhub.verify.results import (DEFAULT_SPREAD_LIMIT, METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results,
                       target_fingerprint)
-from .stats import Backend, RunStats
+from dsparkhub.verify.stats import Backend, RunStats
 
 BACKEND_NAMES = ("reference", "vllm", "vllm-serve", "sglang-serve")
 SERVER_BACKENDS = ("vllm-serve", "sglang-serve")
@@ -90,8 +90,8 @@ def detect_method(draft: str | Path) -> str:
         LayoutError: no readable ``config.json``, or nothing in it names a method.
         CheckpointFormatError: the method found is not one a results file records (e.g. EAGLE-1).
     """
-    from ..checkpoint import resolve_step_dir
-    from .vllm_backend import method_for_drafter  # stdlib-only module: vLLM itself is imported by its child
+    from dsparkhub.io.checkpoint import resolve_step_dir
+    from dsparkhub.verify.vllm.backend import method_for_drafter  # stdlib-only module: vLLM itself is imported by its child
 
     # a DeepSpec run folder: its step_latest (as every reader follows it)
     method = method_for_drafter(resolve_step_dir(draft) if Path(draft).is_dir() else draft)
@@ -110,7 +110,7 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
     Args:
         name: ``reference`` (dsparkhub's PyTorch engine, CPU or CUDA), ``vllm`` (vLLM offline ``LLM`` in a child
             process), ``vllm-serve`` (a running ``vllm serve`` at ``server_url``) or ``sglang-serve`` (a running SGLang
-            server, :mod:`dsparkhub.verify.sglang_backend`).
+            server, :mod:`dsparkhub.verify.sglang.backend`).
         target / draft: target and drafter (folders, or what the engine accepts).
         method: ``dspark`` | ``dflash`` | ``eagle3`` (always passed explicitly to vLLM).
         device: ``cpu`` / ``cuda`` for the reference engine (None = its default).
@@ -127,16 +127,16 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
                           confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url)
     if name == "reference":
         try:
-            from .reference import ReferenceEngine
+            from dsparkhub.verify.reference.engine import ReferenceEngine
         except ImportError as exc:
             raise EngineUnavailableError(f"the reference engine cannot be imported: {exc}") from exc
-        # The method is read by dsparkhub.modeling from the drafter config; the seed goes to each run.
+        # The method is read by dsparkhub.verify.reference.modeling from the drafter config; the seed goes to each run.
         return ReferenceEngine(target, draft, device=device or "cpu", confidence_threshold=confidence_threshold)
     if name == "sglang-serve":
-        from .sglang_backend import SglangServerBackend
+        from dsparkhub.verify.sglang.backend import SglangServerBackend
 
         return SglangServerBackend.from_options(server_url, baseline_url=baseline_url)
-    from .vllm_backend import VllmBackend, VllmServerBackend
+    from dsparkhub.verify.vllm.backend import VllmBackend, VllmServerBackend
 
     if name == "vllm":
         return VllmBackend.from_options(target, draft, method=method, tensor_parallel_size=tensor_parallel_size,
@@ -232,7 +232,7 @@ def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callab
     """Static checks before any model is loaded (``dsparkhub.validate``); raise with every error listed, pass
     each warning (e.g. DSH401: n larger than a trained block) to ``warn``. ``engine`` (``"reference"`` for the
     reference backend, which reads HF ``output_hidden_states``) decides DSH304 vs DSH313."""
-    from ..validate import validate
+    from dsparkhub.validate import validate
 
     report = validate(draft, target, num_speculative_tokens=n, engine=engine)
     for f in report.warnings if warn is not None else []:
@@ -346,7 +346,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     if max_new_tokens < 1:
         raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {max_new_tokens}")
     if Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
-        from ..checkpoint import resolve_step_dir
+        from dsparkhub.io.checkpoint import resolve_step_dir
 
         draft = resolve_step_dir(draft)
     draft, target = str(draft), str(target)
@@ -399,7 +399,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
             _validate(draft, None if served_name else target, max(ns), note,
                       engine="reference" if name == "reference" else "vllm")
 
-    from .prompts import load_datasets
+    from dsparkhub.verify.prompts import load_datasets
 
     data = load_datasets(datasets, target, max_prompts=max_prompts, tokenizer=tokenizer)
     _warn_context_overflow(data, target, max_model_len, max_new_tokens, note)
@@ -504,7 +504,7 @@ def refuse_dspark_without_gpu(method: str | None) -> None:
     """
     if method != "dspark" or _cuda_available():
         return
-    from .vllm_backend import refusal_paragraph
+    from dsparkhub.verify.vllm.backend import refusal_paragraph
 
     raise EngineUnavailableError(refusal_paragraph(
         "Model Runner V1 does not support DSpark (no CUDA device here; refused before the baseline ran)",
@@ -546,7 +546,7 @@ def _set_threads(engine: Backend, threads: int | None) -> int | None:
         return None
     if "cpu" not in str(engine.device).lower():
         return None
-    from ..torch_threads import threads_for
+    from dsparkhub.torch_threads import threads_for
 
     threads = threads or threads_for(engine.num_parameters())
     engine.threads = threads  # ReferenceEngine.run scopes torch's intra-op threads to this count

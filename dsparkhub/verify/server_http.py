@@ -10,7 +10,7 @@ import json
 import urllib.error
 import urllib.request
 
-from ..errors import EngineUnavailableError, VerifyError
+from dsparkhub.errors import EngineUnavailableError, VerifyError
 
 __all__ = ["server_request"]
 

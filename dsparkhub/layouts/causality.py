@@ -18,9 +18,9 @@ layer-type default in the vLLM layouts) is refused, never approximated. Does not
 
 from __future__ import annotations
 
-from .errors import LayoutError
-from .recipes import Recipe, get_key
-from .spec import DraftSpec
+from dsparkhub.errors import LayoutError
+from dsparkhub.layouts.recipes import Recipe, get_key
+from dsparkhub.layouts.spec import DraftSpec
 
 SLIDING = "sliding_attention"
 

@@ -1,6 +1,6 @@
 """The canonical, JSON-serialisable description of a drafter: :class:`DraftSpec`.
 
-Every layout reader (``dsparkhub.recipes``) produces a DraftSpec; every writer consumes one. Conventions inside a
+Every layout reader (``dsparkhub.layouts.recipes``) produces a DraftSpec; every writer consumes one. Conventions inside a
 DraftSpec, whatever the layout on disk:
 
 - tensor names are vLLM 0.32's Qwen3 DSpark checkpoint names (no ``model.`` prefix): ``layers.{i}.self_attn.q_proj
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .checkpoint import TensorInfo
+from dsparkhub.io.checkpoint import TensorInfo
 
 ANCHOR_FIRST = "anchor_first"
 ONE_PLUS_N = "one_plus_n"
@@ -57,7 +57,7 @@ class DraftSpec:
             ``{"name_or_path": ..., "architectures": [...]}``); empty otherwise.
         causal: per draft layer, whether its attention is causal inside the draft block (vLLM 0.32
             ``qwen3_dflash.py`` ``_dflash_layer_causal``; speculators ``sliding_window_non_causal``); None when the
-            layout does not say (``dsparkhub.causality``).
+            layout does not say (``dsparkhub.layouts.causality``).
         extras: layout keys kept verbatim for layouts that share them (``extra_keys`` in the recipes), e.g.
             speculators ``sliding_window_non_causal``, EAGLE-3 ``norm_before_residual``.
     """

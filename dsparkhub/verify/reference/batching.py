@@ -1,6 +1,6 @@
 """The reference engine batched: up to ``concurrency`` requests decode together, each at its own pace.
 
-This module owns batched (ragged) speculative decoding for :class:`dsparkhub.verify.reference.ReferenceEngine` and
+This module owns batched (ragged) speculative decoding for :class:`dsparkhub.verify.reference.engine.ReferenceEngine` and
 the choice of torch intra-op threads by model size. It does not change the batch-1 loop (``reference``), which
 stays the definition of the lossless property; a batched run is checked against the baseline batched the same way.
 
@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from ..errors import VerifyError
-from ..modeling import ContextCache, target_features
-from .stats import RunStats
+from dsparkhub.errors import VerifyError
+from dsparkhub.verify.reference.modeling import ContextCache, target_features
+from dsparkhub.verify.stats import RunStats
 
 __all__ = ["run_batched"]
 
@@ -150,7 +150,7 @@ def run_batched(engine, prompts: list[list[int]], *, num_speculative_tokens: int
     """Generate for every prompt with up to ``concurrency`` requests decoding together.
 
     Args:
-        engine: a :class:`~dsparkhub.verify.reference.ReferenceEngine` (its target, drafter, eos ids, device,
+        engine: a :class:`~dsparkhub.verify.reference.engine.ReferenceEngine` (its target, drafter, eos ids, device,
             confidence threshold and token choice are used).
         prompts: token ids per prompt (non-empty; the engine checked them).
         num_speculative_tokens: n drafts per step; None for the baseline.
@@ -269,7 +269,7 @@ def _plain_step(engine, batch: _Batch, active: list[_Request], temperature: floa
 def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperature: float, counters: dict,
                accepted_per_pos: list[int]) -> None:
     """Draft for every row at once, verify every row in one target forward, accept per row."""
-    from .reference import rejection_step
+    from dsparkhub.verify.reference.engine import rejection_step
 
     d = engine.drafter
     dev = engine._device

@@ -1,11 +1,11 @@
-"""Header-only view of a safetensors checkpoint (local folder, or a Hub repo through ``dsparkhub.hub``).
+"""Header-only view of a safetensors checkpoint (local folder, or a Hub repo through ``dsparkhub.hub.push``).
 
 Owns: parsing safetensors headers (8-byte little-endian length + JSON) with every sanity check a hostile file needs,
 resolving ``model.safetensors.index.json`` to shard files, reading ``config.json``, refusing pickle weights and
 paths that leave the checkpoint folder, and lazy per-tensor access (bytes hashing, torch tensors) for the few places
 that need data. It never loads a whole shard: metadata comes from headers; data is read one tensor at a time.
 
-Does not: know about layouts (``dsparkhub.recipes``) or write anything (``dsparkhub.writer``).
+Does not: know about layouts (``dsparkhub.layouts.recipes``) or write anything (``dsparkhub.io.writer``).
 
 The header is parsed here rather than by ``safetensors.safe_open`` because validating a 1T-parameter target must
 touch only a few KiB per shard and must be able to run on headers fetched over HTTP. The rules are the safetensors
@@ -37,7 +37,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import CheckpointFormatError, CheckpointNotFoundError, UnsafeCheckpointError
+from dsparkhub.errors import CheckpointFormatError, CheckpointNotFoundError, UnsafeCheckpointError
 
 #: bytes per element of each safetensors dtype code (safetensors ``Dtype``; sub-byte types are counted per byte
 #: pair below).

@@ -1,4 +1,4 @@
-"""The reference speculative-decoding engine: a transformers target plus a :class:`dsparkhub.modeling.Drafter`.
+"""The reference speculative-decoding engine: a transformers target plus a :class:`dsparkhub.verify.reference.modeling.Drafter`.
 
 It is a measuring instrument: its job is to predict the acceptance length τ, the per-position acceptance and the
 lossless property that vLLM 0.32 would show for the same target, drafter and ``num_speculative_tokens`` — batch 1, on
@@ -22,7 +22,7 @@ Counters follow ``dsparkhub.verify.stats`` (vLLM ``v1/spec_decode/metrics.py``):
 tokens exclude the bonus, ``accepted_per_pos[k]`` counts steps accepting at least k + 1 tokens. Tokens accepted past
 an EOS or past ``max_new_tokens`` are counted as vLLM's scheduler counts them (accepted in that step) but not output.
 
-Batching (``run(..., concurrency=c)``, ragged) lives in ``dsparkhub.verify.batching``; this module's loop is batch 1.
+Batching (``run(..., concurrency=c)``, ragged) lives in ``dsparkhub.verify.reference.batching``; this module's loop is batch 1.
 Not done here: prompt-lookup or other draft methods, adaptive verification (vLLM's budgeter);
 the optional ``confidence_threshold`` is a simple per-request truncation (see :meth:`ReferenceEngine.__init__`).
 """
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__
-from ..errors import VerifyError
-from ..modeling import ContextCache, Drafter, count_parameters, load_drafter, target_features
-from ..torch_threads import threads_for, torch_threads
-from .stats import RunStats
+from dsparkhub import __version__
+from dsparkhub.errors import VerifyError
+from dsparkhub.verify.reference.modeling import ContextCache, Drafter, count_parameters, load_drafter, target_features
+from dsparkhub.torch_threads import threads_for, torch_threads
+from dsparkhub.verify.stats import RunStats
 
 __all__ = ["ReferenceEngine", "rejection_step", "load_target"]
 
@@ -104,7 +104,7 @@ class ReferenceEngine:
 
     Args:
         target: HF model folder or loaded ``PreTrainedModel`` (Qwen3-style, ``output_hidden_states`` support).
-        drafter: drafter folder (any layout :func:`dsparkhub.modeling.load_drafter` reads) or a :class:`Drafter`;
+        drafter: drafter folder (any layout :func:`dsparkhub.verify.reference.modeling.load_drafter` reads) or a :class:`Drafter`;
             None for baseline-only use.
         device: torch device ("cpu", "cuda").
         dtype: dtype of both models (float32 default: the lossless check is then exact up to kernel rounding).
@@ -233,7 +233,7 @@ class ReferenceEngine:
             if recorder is not None:
                 raise VerifyError("recording confidences runs one request at a time (concurrency 1), found "
                                   f"concurrency {concurrency}")
-            from .batching import run_batched
+            from dsparkhub.verify.reference.batching import run_batched
 
             return run_batched(self, prompts, num_speculative_tokens=n, max_new_tokens=max_new_tokens,
                                temperature=temperature, seed=seed, concurrency=concurrency, progress=progress)

@@ -1,5 +1,5 @@
 """Layout recipes: ``converters/<layout>.yaml`` files that say how to detect a layout, read it into a
-:class:`~dsparkhub.spec.DraftSpec`, and write a DraftSpec back out in that layout.
+:class:`~dsparkhub.layouts.spec.DraftSpec`, and write a DraftSpec back out in that layout.
 
 A recipe is data (in the spirit of vLLM's ``WeightsMapper`` and mergekit's architecture files):
 
@@ -57,9 +57,9 @@ from pathlib import Path
 
 import yaml
 
-from .checkpoint import Checkpoint, TensorInfo
-from .errors import LayoutError
-from .spec import ANCHOR_FIRST, ONE_PLUS_N, DraftSpec
+from dsparkhub.io.checkpoint import Checkpoint, TensorInfo
+from dsparkhub.errors import LayoutError
+from dsparkhub.layouts.spec import ANCHOR_FIRST, ONE_PLUS_N, DraftSpec
 
 #: libyaml's safe loader when PyYAML was built with it (~70x faster than the pure-Python one; same result)
 SAFE_YAML = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -73,8 +73,9 @@ def data_dir(kind: str) -> Path:
     env = os.environ.get(f"DSPARKHUB_{kind.upper()}_DIR")
     if env:
         return Path(env)
-    packaged = Path(__file__).parent / "_data" / kind
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / kind
+    package = Path(__file__).resolve().parent.parent  # dsparkhub/
+    packaged = package / "_data" / kind
+    return packaged if packaged.is_dir() else package.parent / kind
 
 
 def converters_dir() -> Path:
@@ -552,7 +553,7 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
     if num_target_layers is None and recipe.data.get("num_target_layers_from_decoder"):
         num_target_layers = dcfg.get("num_hidden_layers")
 
-    from .causality import read_causality
+    from dsparkhub.layouts.causality import read_causality
 
     causal = read_causality(cfg, dcfg, recipe, variant)
     return DraftSpec(
@@ -651,7 +652,7 @@ def write_config(spec: DraftSpec, recipe: Recipe) -> dict:
     for name, key in extra_key_map(recipe).items():
         if name in spec.extras:
             set_key(cfg, key, spec.extras[name])
-    from .causality import write_causality
+    from dsparkhub.layouts.causality import write_causality
 
     write_causality(cfg, spec, recipe)
     cfg.update(w.get("constants") or {})
@@ -690,7 +691,7 @@ def open_draft(path: str | Path, *, layout: str | None = None) -> OpenedDraft:
         CheckpointNotFoundError / CheckpointFormatError / UnsafeCheckpointError: see ``open_checkpoint``.
         LayoutError: no (or more than one) layout matches, or the config breaks the layout's rules.
     """
-    from .checkpoint import open_checkpoint, resolve_step_dir
+    from dsparkhub.io.checkpoint import open_checkpoint, resolve_step_dir
 
     folder = resolve_step_dir(path)
     # lazy: a drafter attached inside a 160 GB target (DeepSeek-V4) has its tensors in a few of the target's shards;

@@ -2,7 +2,7 @@
 
 This file is executed in SGLang's virtual environment (built by ``scripts/setup_sglang.sh``), where dsparkhub itself
 is not installed: it imports only the standard library, torch, safetensors and sglang, and prints one JSON report on
-stdout. The parent side is :mod:`dsparkhub.verify.sglang_checks`.
+stdout. The parent side is :mod:`dsparkhub.verify.sglang.checks`.
 
 Stages (SGLang file:line in the 0.5.23 wheel):
 
@@ -303,7 +303,7 @@ def engine_stage(draft: str | None, target: str, algorithm: str) -> dict:
 
 
 def run(draft: str | None, target: str, algorithm: str) -> dict:
-    """All three stages; returns the JSON-serialisable report (see dsparkhub.verify.sglang_checks)."""
+    """All three stages; returns the JSON-serialisable report (see dsparkhub.verify.sglang.checks)."""
     import importlib.metadata
 
     holder: dict = {}

@@ -3,7 +3,7 @@
 A family table lists the tensors a drafter of that family must (or may) ship, with shapes written in FORMATS.md's
 symbols (``[nh * hd, H]``, ``[H, A * Ht]``, ``[V, r]``) and optional ``when`` conditions. ``_heads.yaml`` holds the
 heads every family shares (embedding / LM-head copies, ``d2t`` / ``t2d``, Markov head, confidence head) and is
-included in every table. ``validate`` compares a :class:`~dsparkhub.spec.DraftSpec`'s tensors against
+included in every table. ``validate`` compares a :class:`~dsparkhub.layouts.spec.DraftSpec`'s tensors against
 :func:`expected_tensors`.
 
 A variable (``vars``) takes the first of its config ``keys`` that is set, else its ``default`` expression; with
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from .errors import LayoutError
-from .spec import DraftSpec
+from dsparkhub.errors import LayoutError
+from dsparkhub.layouts.spec import DraftSpec
 
 #: libyaml's safe loader when PyYAML was built with it (~70x faster than the pure-Python one; same result)
 SAFE_YAML = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -79,8 +79,8 @@ def _parse(text: str) -> ast.Expression:
 
 
 def families_dir() -> Path:
-    """``converters/families`` next to the recipes (see :func:`dsparkhub.recipes.converters_dir`)."""
-    from .recipes import converters_dir
+    """``converters/families`` next to the recipes (see :func:`dsparkhub.layouts.recipes.converters_dir`)."""
+    from dsparkhub.layouts.recipes import converters_dir
 
     return converters_dir() / "families"
 

@@ -24,7 +24,7 @@ Semantics follow vLLM 0.32 (the engine whose τ the reference engine predicts):
 
 What it deliberately does not do: attention-sink bias, interleaved (non-neox) RoPE, non-default RoPE scaling,
 Gemma4 / K3 / DeepSeek-V4 drafters (they raise :class:`~dsparkhub.errors.LayoutError`), speculators-format folders
-(convert them first), and anything about decoding policy — that is ``dsparkhub.verify.reference``.
+(convert them first), and anything about decoding policy — that is ``dsparkhub.verify.reference.engine``.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import resolve_step_dir
-from .errors import (
+from dsparkhub.io.checkpoint import resolve_step_dir
+from dsparkhub.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     IncompatibleTargetError,

@@ -10,7 +10,7 @@ until a source confirms them.
 A manifest name works wherever a target is expected (``--target kimi-k2.6``): :func:`target_spec_from_manifest`
 builds a :class:`~dsparkhub.target.TargetSpec` whose tensors are header-like :class:`TensorInfo` without data.
 
-Folder resolution follows :func:`dsparkhub.recipes.converters_dir`: ``$DSPARKHUB_MANIFESTS_DIR``, the copy shipped
+Folder resolution follows :func:`dsparkhub.layouts.recipes.converters_dir`: ``$DSPARKHUB_MANIFESTS_DIR``, the copy shipped
 in the wheel (``dsparkhub/_data/manifests``), or the repository's ``manifests/``.
 
 Does not: touch the network (manifests are checked-in data) or load any weights.
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from .checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
-from .errors import ManifestError
+from dsparkhub.io.checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
+from dsparkhub.errors import ManifestError
 
 TARGET_REQUIRED = ("name", "title", "repo_id", "model_type", "architecture", "family", "hidden_size",
                    "num_hidden_layers", "vocab_size", "embed", "lm_head", "license")
@@ -36,7 +36,7 @@ RELEASE_REQUIRED = ("name", "title", "publisher", "target", "layout", "variant",
 
 def manifests_dir() -> Path:
     """Folder of manifests: ``$DSPARKHUB_MANIFESTS_DIR``, the copy shipped in the wheel, or the repo's."""
-    from .recipes import data_dir
+    from dsparkhub.layouts.recipes import data_dir
 
     return data_dir("manifests")
 
@@ -289,7 +289,7 @@ def target_spec_from_manifest(name: str | TargetManifest, folder: str | Path | N
     Raises:
         ManifestError: unknown name, or ``name`` is a release manifest.
     """
-    from .target import TargetSpec
+    from dsparkhub.target import TargetSpec
 
     m = name if isinstance(name, TargetManifest) else get_manifest(name, folder)
     if not isinstance(m, TargetManifest):
@@ -348,7 +348,7 @@ def meta_check(m: TargetManifest | str, *, layers: int | None = 2) -> MetaCheck:
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
-    from .skeleton import skeleton_tensors
+    from dsparkhub.skeleton import skeleton_tensors
 
     m = m if isinstance(m, TargetManifest) else get_manifest(m)
     if m.model_type not in META_CLASSES:

