@@ -190,7 +190,7 @@ def run_calibration(draft: str | Path, target: str | Path, *, datasets=None, max
     from dsparkhub.verify import calibration as cal
     from dsparkhub.verify.prompts import load_datasets
     from dsparkhub.verify.reference.engine import ReferenceEngine
-    from dsparkhub.verify.results import target_fingerprint
+    from dsparkhub.verify.results.identity import target_fingerprint
     from dsparkhub.verify.runner import _check_torch_device, _validate
 
     draft = resolve_step_dir(draft) if Path(draft).is_dir() else Path(draft)

@@ -573,7 +573,7 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
            overwrite, concurrency, repeats, threads, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses."""
-    from dsparkhub.verify.results import format_summary_table
+    from dsparkhub.verify.results.table import format_summary_table
     from dsparkhub.verify.runner import LoadOptions, VerifyArgumentError, run_verify
 
     if quiet:
@@ -876,7 +876,7 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     from dsparkhub.layouts.recipes import open_draft
     from dsparkhub.testing.hub_server import LocalHub
     from dsparkhub.validate import validate as run_validate
-    from dsparkhub.verify.results import format_summary_table
+    from dsparkhub.verify.results.table import format_summary_table
     from dsparkhub.verify.runner import LoadOptions, run_verify
 
     if quiet:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dsparkhub.verify.results import EngineInfo, ModelRef, Settings, build_results, format_summary_table
+from dsparkhub.verify.results.derive import build_results
+from dsparkhub.verify.results.reading import read_results
+from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings
+from dsparkhub.verify.results.table import format_summary_table
 from dsparkhub.verify.stats import RunStats
 
 DATA = Path(__file__).parent / "data"
@@ -77,13 +80,11 @@ def test_summary_table_golden():
 
 def test_read_and_rewrite_golden(tmp_path):
     """Reading the golden file and writing it again gives the same bytes."""
-    from dsparkhub.verify.results import VerifyResults
-    again = VerifyResults.load(DATA / "results_golden.json").save(tmp_path / "again.json")
+    again = read_results(DATA / "results_golden.json").save(tmp_path / "again.json")
     assert again.read_bytes() == (DATA / "results_golden.json").read_bytes()
 
 
 def test_v1_upgrade_golden(tmp_path):
     """A /1 file upgraded in memory and written as /2 (tests/data/results_v1.json -> results_v1_upgraded.json)."""
-    from dsparkhub.verify.results import VerifyResults
-    up = VerifyResults.load(DATA / "results_v1.json").save(tmp_path / "up.json")
+    up = read_results(DATA / "results_v1.json").save(tmp_path / "up.json")
     _check(DATA / "results_v1_upgraded.json", up.read_text(encoding="utf-8"))

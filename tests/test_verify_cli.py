@@ -17,7 +17,7 @@ from dsparkhub.errors import (EngineUnavailableError, LayoutError, LosslessMisma
                               VerifyError)
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.verify import runner
-from dsparkhub.verify.results import VerifyResults
+from dsparkhub.verify.results.reading import read_results
 from dsparkhub.verify.stats import RunStats
 
 PROMPTS = [[3, 4, 5], [7, 1], [2, 2, 2, 2]]
@@ -107,7 +107,7 @@ def test_run_verify_numbers(setup, tmp_path):
     assert r3.per_position_acceptance == pytest.approx([1.0, 1.0, 0.5])
     assert r3.speedup == pytest.approx(2.0) and r3.draft_tokens_per_step == pytest.approx(3.0)
     assert res.change.tau_delta == pytest.approx(1.0)
-    assert VerifyResults.load(out) == res
+    assert read_results(out) == res
 
 
 def test_lossless_mismatch_raises_after_saving(setup, tmp_path):
@@ -120,7 +120,7 @@ def test_lossless_mismatch_raises_after_saving(setup, tmp_path):
     e = ei.value
     expected = FakeBackend.output(PROMPTS[1], 5)[2]
     assert (e.dataset, e.prompt_index, e.position, e.expected, e.found) == ("ids", 1, 2, expected, 96)
-    saved = VerifyResults.load(out)
+    saved = read_results(out)
     assert saved.lossless is False and saved.datasets[0].run(2).lossless is True
     assert saved.datasets[0].run(3).first_mismatch.found == 96
 
@@ -266,7 +266,7 @@ def test_results_path_must_be_new_and_writable_before_running(setup, tmp_path):
         runner.run_verify(draft, target, out=Path("/proc/dsparkhub-test/r.json"), **kwargs)
     assert backend.calls == []
     runner.run_verify(draft, target, out=existing, overwrite=True, **kwargs)
-    assert VerifyResults.load(existing).settings.num_speculative_tokens == [2]
+    assert read_results(existing).settings.num_speculative_tokens == [2]
 
 
 def test_cli_verify_refuses_an_existing_results_file_unless_overwrite(setup, tmp_path, cli_fake):
@@ -353,7 +353,7 @@ def test_cli_verify_ok(setup, tmp_path, cli_fake):
     assert "2.50 / 2.00x / ok" in res.output and "3.50 / 2.00x / ok" in res.output  # n=2, n=3 for dataset p
     assert f"wrote {out}" in res.output and cli_fake["backend"].closed
     assert cli_fake["kwargs"]["max_model_len"] == 512 and cli_fake["kwargs"]["compilation_config"] == {"level": 0}
-    saved = VerifyResults.load(out)
+    saved = read_results(out)
     assert saved.settings.max_model_len == 512 and saved.settings.compilation_config == {"level": 0}
 
 
@@ -369,7 +369,7 @@ def test_cli_verify_lossless_failure_exit_1(setup, tmp_path, cli_fake):
     assert "LosslessMismatchError" in res.output and "prompt 2" in res.output and "position 3" in res.output
     assert f"expected token {expected}, found 55" in res.output
     assert "FAIL" in res.output  # the table is printed before the error
-    assert VerifyResults.load(out).lossless is False
+    assert read_results(out).lossless is False
 
 
 def test_cli_verify_engine_refusal_exit_1(setup, tmp_path, cli_fake):
@@ -382,7 +382,7 @@ def test_cli_verify_engine_refusal_exit_1(setup, tmp_path, cli_fake):
     assert cli_fake["backend"].closed
     # the configurations measured before the refusal are kept, the rest marked incomplete
     assert "partial results" in res.output and str(out) in res.output.replace("\n", "")
-    partial = VerifyResults.load(out)
+    partial = read_results(out)
     assert [r.num_speculative_tokens for r in partial.datasets[0].runs] == [2]
     assert partial.incomplete[0].startswith("stopped at ") and "n=3" in partial.incomplete[0]
     assert "n=3 @ concurrency 1" in partial.incomplete[1]
@@ -413,7 +413,7 @@ def test_end_to_end_reference_engine_and_card(example, tmp_path):
                                     "--datasets", f"heldout={example.prompts},builtin:math", "--max-prompts", "2",
                                     "--max-new-tokens", "24", "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
-    r = VerifyResults.load(out)
+    r = read_results(out)
     assert r.lossless is True and r.engine.backend == "reference" and r.method == "dspark"
     held = next(d for d in r.datasets if d.name == "heldout")
     assert all(x.tau is not None and x.tau > 1.0 for x in held.runs)  # a trained drafter accepts something
@@ -444,7 +444,7 @@ def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
                                     "--datasets", str(prompts), "--max-new-tokens", "12", "--out", str(out),
                                     "--quiet"])
     assert res.exit_code == 0, res.output
-    r = VerifyResults.load(out)
+    r = read_results(out)
     assert r.lossless is True and r.engine.backend == "reference" and r.method == "dspark"
     assert r.target.fingerprint is not None and r.drafter.fingerprint == checkpoint_fingerprint(draft)
     for run_result in r.datasets[0].runs:
@@ -478,11 +478,11 @@ def test_warnings_are_stored_in_the_results_and_listed_on_the_card(setup, tmp_pa
                           out=out)  # no warn callback: the results keep them anyway
     assert len(r.warnings) == 1 and "exceed the context of 5 tokens" in r.warnings[0]
     assert not r.warnings[0].startswith("warning")
-    assert VerifyResults.load(out).warnings == r.warnings
+    assert read_results(out).warnings == r.warnings
     old = json.loads(out.read_text())
     del old["warnings"]  # files written before the key existed still load
     out.write_text(json.dumps(old))
-    assert VerifyResults.load(out).warnings == []
+    assert read_results(out).warnings == []
     r.save(out)
     card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
     assert card.exit_code == 0, card.output

@@ -34,8 +34,9 @@ from dsparkhub.errors import (CheckpointFormatError, DsparkhubError, EngineUnava
                       OutputNotWritableError, ValidationFailedError, VerifyError)
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import public_name
-from dsparkhub.verify.results import (DEFAULT_SPREAD_LIMIT, METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results,
-                      target_fingerprint)
+from dsparkhub.verify.results.derive import build_results
+from dsparkhub.verify.results.identity import target_fingerprint
+from dsparkhub.verify.results.schema import DEFAULT_SPREAD_LIMIT, METHODS, EngineInfo, ModelRef, Settings, VerifyResults
 from dsparkhub.verify.stats import Backend, RunStats
 
 BACKEND_NAMES = ("reference", "vllm", "vllm-serve", "sglang-serve")
