@@ -17,16 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dsparkhub.errors import EngineUnavailableError, LayoutError, VerifyError
-from dsparkhub.verify.vllm.backend import (
-    SpecCounters,
-    VllmBackend,
-    VllmServerBackend,
-    method_for_config,
-    method_for_drafter,
-    refusal_paragraph,
-    spec_counters_from_metrics,
-    spec_counters_from_prometheus,
-)
+from dsparkhub.verify.vllm.counters import SpecCounters, spec_counters_from_metrics, spec_counters_from_prometheus
+from dsparkhub.verify.vllm.method import method_for_config, method_for_drafter
+from dsparkhub.verify.vllm.offline import VllmBackend
+from dsparkhub.verify.vllm.refusals import refusal_paragraph
+from dsparkhub.verify.vllm.server import VllmServerBackend
 
 
 
@@ -692,7 +687,7 @@ attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the sta
 
 
 def test_root_cause_from_log_prefers_the_worker_traceback():
-    from dsparkhub.verify.vllm.backend import root_cause_from_log
+    from dsparkhub.verify.vllm.refusals import root_cause_from_log
 
     cause = "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
     assert root_cause_from_log(_WORKER_LOG) == cause
@@ -713,7 +708,7 @@ def test_cpu_attention_refusal_quotes_the_root_cause_not_a_stats_line(tmp_path, 
 
 
 def test_root_cause_from_log_takes_the_first_exception_of_the_core_traceback():
-    from dsparkhub.verify.vllm.backend import root_cause_from_log
+    from dsparkhub.verify.vllm.refusals import root_cause_from_log
 
     assert root_cause_from_log(_CORE_LOG) == (
         "ValueError: Head size 16 is not supported by the CPU attention backend; supported head sizes: "

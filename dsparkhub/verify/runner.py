@@ -3,7 +3,7 @@
 This module owns the order of a verify run and the one place where backends are constructed by name
 (:func:`make_backend`, lazy imports, so ``dsparkhub verify --backend reference`` never imports vLLM and the CLI
 knows no engine details). It does not generate tokens itself (the backends do: ``reference.ReferenceEngine``,
-``vllm_backend``), compute metrics (``results``) or read prompt files (``prompts``).
+``vllm.offline`` / ``vllm.server``), compute metrics (``results``) or read prompt files (``prompts``).
 
 Order of a run (each step fails with a clear error before the next, more expensive, one starts):
 
@@ -82,7 +82,7 @@ class LoadOptions:
 def detect_method(draft: str | Path) -> str:
     """The speculative method of a drafter folder from its ``config.json``: ``dspark``, ``dflash`` or ``eagle3``.
 
-    Uses the same rules as the vLLM backend (``vllm_backend.method_for_drafter``: ``speculators_model_type``,
+    Uses the same rules as the vLLM backend (``dsparkhub.verify.vllm.method.method_for_drafter``: ``speculators_model_type``,
     then DSpark / DFlash / Eagle3 architectures and config keys), so the results file and the engine agree. Never
     guesses from the folder name (vLLM does, and loads a DSpark drafter stored under a path containing "dflash" as
     DFlash; FORMATS.md §1).
@@ -92,7 +92,7 @@ def detect_method(draft: str | Path) -> str:
         CheckpointFormatError: the method found is not one a results file records (e.g. EAGLE-1).
     """
     from dsparkhub.io.checkpoint import resolve_step_dir
-    from dsparkhub.verify.vllm.backend import method_for_drafter  # stdlib-only module: vLLM itself is imported by its child
+    from dsparkhub.verify.vllm.method import method_for_drafter  # stdlib-only module: vLLM itself is imported by its child
 
     # a DeepSpec run folder: its step_latest (as every reader follows it)
     method = method_for_drafter(resolve_step_dir(draft) if Path(draft).is_dir() else draft)
@@ -137,7 +137,8 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
         from dsparkhub.verify.sglang.backend import SglangServerBackend
 
         return SglangServerBackend.from_options(server_url, baseline_url=baseline_url)
-    from dsparkhub.verify.vllm.backend import VllmBackend, VllmServerBackend
+    from dsparkhub.verify.vllm.offline import VllmBackend
+    from dsparkhub.verify.vllm.server import VllmServerBackend
 
     if name == "vllm":
         return VllmBackend.from_options(target, draft, method=method, tensor_parallel_size=tensor_parallel_size,
@@ -505,7 +506,7 @@ def refuse_dspark_without_gpu(method: str | None) -> None:
     """
     if method != "dspark" or _cuda_available():
         return
-    from dsparkhub.verify.vllm.backend import refusal_paragraph
+    from dsparkhub.verify.vllm.refusals import refusal_paragraph
 
     raise EngineUnavailableError(refusal_paragraph(
         "Model Runner V1 does not support DSpark (no CUDA device here; refused before the baseline ran)",

