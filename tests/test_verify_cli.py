@@ -18,6 +18,7 @@ from dsparkhub.errors import (EngineUnavailableError, LayoutError, LosslessMisma
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.verify import runner
 from dsparkhub.verify.results.reading import read_results
+from dsparkhub.verify.settings import VerifySettings
 from dsparkhub.verify.stats import RunStats
 
 PROMPTS = [[3, 4, 5], [7, 1], [2, 2, 2, 2]]
@@ -89,8 +90,9 @@ def test_run_verify_numbers(setup, tmp_path):
     draft, target, prompts = setup
     fake = FakeBackend()
     out = tmp_path / "res" / "results.json"
-    res = runner.run_verify(draft, target, backend=fake, num_speculative_tokens=[3, 2], datasets=[f"p={prompts}"],
-                            max_new_tokens=5, out=out, progress=False, validate_fn=no_validate)
+    res = runner.run_verify(draft, target,
+                            VerifySettings(num_speculative_tokens=[3, 2], datasets=[f"p={prompts}"], max_new_tokens=5),
+                            backend=fake, out=out, progress=False, validate_fn=no_validate)
     assert fake.calls == [(None, 3), (2, 3), (3, 3)]  # configuration-outer
     assert not fake.closed  # a backend object passed in is the caller's to close
     assert res.method == "dspark" and res.lossless is True
@@ -114,8 +116,9 @@ def test_lossless_mismatch_raises_after_saving(setup, tmp_path):
     draft, target, prompts = setup
     out = tmp_path / "results.json"
     with pytest.raises(LosslessMismatchError) as ei:
-        runner.run_verify(draft, target, backend=FakeBackend(mismatch=(3, 1, 2, 96)), num_speculative_tokens=[2, 3],
-                          datasets=[str(prompts)], max_new_tokens=5, out=out, progress=False,
+        runner.run_verify(draft, target,
+                          VerifySettings(num_speculative_tokens=[2, 3], datasets=[str(prompts)], max_new_tokens=5),
+                          backend=FakeBackend(mismatch=(3, 1, 2, 96)), out=out, progress=False,
                           validate_fn=no_validate)
     e = ei.value
     expected = FakeBackend.output(PROMPTS[1], 5)[2]
@@ -135,8 +138,8 @@ def test_validation_runs_before_any_backend(setup, monkeypatch):
         raise ValidationFailedError("fc.weight has the wrong width")
 
     with pytest.raises(ValidationFailedError, match="wrong width"):
-        runner.run_verify(draft, target, backend="reference", num_speculative_tokens=[3, 7],
-                          datasets=[str(prompts)], progress=False, validate_fn=refuse)
+        runner.run_verify(draft, target, VerifySettings(num_speculative_tokens=[3, 7], datasets=[str(prompts)]),
+                          backend="reference", progress=False, validate_fn=refuse)
     assert built == []
 
 
@@ -175,8 +178,8 @@ def test_backend_returning_wrong_prompt_count(setup):
             return s
 
     with pytest.raises(VerifyError, match="outputs for 2 prompts, expected 3"):
-        runner.run_verify(draft, target, backend=Short(), num_speculative_tokens=[2], datasets=[str(prompts)],
-                          progress=False, validate_fn=no_validate)
+        runner.run_verify(draft, target, VerifySettings(num_speculative_tokens=[2], datasets=[str(prompts)]),
+                          backend=Short(), progress=False, validate_fn=no_validate)
 
 
 def test_progress_hook_used_when_offered(setup):
@@ -191,8 +194,9 @@ def test_progress_hook_used_when_offered(setup):
             return super().run(prompts, num_speculative_tokens=num_speculative_tokens,
                                max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
 
-    runner.run_verify(draft, target, backend=WithProgress(), num_speculative_tokens=[2], datasets=[str(prompts)],
-                      max_new_tokens=3, progress=False, validate_fn=no_validate)
+    runner.run_verify(draft, target,
+                      VerifySettings(num_speculative_tokens=[2], datasets=[str(prompts)], max_new_tokens=3),
+                      backend=WithProgress(), progress=False, validate_fn=no_validate)
     assert ticks == [None, None, None, 2, 2, 2]
 
 
@@ -206,8 +210,8 @@ def test_progress_hook_used_when_offered(setup):
 def test_bad_arguments(setup, kwargs, message):
     draft, target, prompts = setup
     with pytest.raises(ValueError, match=message):
-        runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                          validate_fn=no_validate, **kwargs)
+        runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], **kwargs), backend=FakeBackend(),
+                          progress=False, validate_fn=no_validate)
 
 
 @pytest.mark.parametrize("name, kwargs, message", [
@@ -233,10 +237,11 @@ def test_reference_device_is_checked_before_loading(device, message):
 def test_method_contradicting_the_drafter_is_refused(setup):
     draft, target, prompts = setup
     with pytest.raises(ValueError, match="describes a dspark drafter"):
-        runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                          validate_fn=no_validate, method="dflash")
-    res = runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                            validate_fn=no_validate, method="dspark", num_speculative_tokens=[2])
+        runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], method="dflash"),
+                          backend=FakeBackend(), progress=False, validate_fn=no_validate)
+    res = runner.run_verify(draft, target,
+                            VerifySettings(datasets=[str(prompts)], method="dspark", num_speculative_tokens=[2]),
+                            backend=FakeBackend(), progress=False, validate_fn=no_validate)
     assert res.method == "dspark"
 
 
@@ -244,7 +249,7 @@ def test_results_path_is_checked_before_running(setup, tmp_path):
     draft, target, prompts = setup
     backend = FakeBackend()
     with pytest.raises(ValueError, match="is a folder"):
-        runner.run_verify(draft, target, backend=backend, datasets=[str(prompts)], progress=False,
+        runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)]), backend=backend, progress=False,
                           validate_fn=no_validate, out=tmp_path)
     assert backend.calls == []
 
@@ -254,8 +259,8 @@ def test_results_path_must_be_new_and_writable_before_running(setup, tmp_path):
 
     draft, target, prompts = setup
     backend = FakeBackend()
-    kwargs = dict(backend=backend, datasets=[str(prompts)], progress=False, validate_fn=no_validate,
-                  num_speculative_tokens=[2])
+    kwargs = dict(backend=backend, progress=False, validate_fn=no_validate,
+                  settings=VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2]))
     existing = tmp_path / "old.json"
     existing.write_text("{}")
     with pytest.raises(OutputExistsError, match="already exists") as err:
@@ -460,22 +465,25 @@ def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
 def test_prompts_longer_than_the_context_are_warned_about(setup):
     draft, target, prompts = setup
     lines: list[str] = []
-    runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                      validate_fn=no_validate, num_speculative_tokens=[2], max_new_tokens=4, max_model_len=5,
+    runner.run_verify(draft, target,
+                      VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2], max_new_tokens=4,
+                                     max_model_len=5), backend=FakeBackend(), progress=False, validate_fn=no_validate,
                       warn=lines.append)
     assert any("exceed the context of 5 tokens" in line for line in lines), lines
     lines.clear()
-    runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                      validate_fn=no_validate, num_speculative_tokens=[2], max_new_tokens=4, warn=lines.append)
+    runner.run_verify(draft, target,
+                      VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2], max_new_tokens=4),
+                      backend=FakeBackend(), progress=False, validate_fn=no_validate, warn=lines.append)
     assert lines == []
 
 
 def test_warnings_are_stored_in_the_results_and_listed_on_the_card(setup, tmp_path):
     draft, target, prompts = setup
     out = tmp_path / "results.json"
-    r = runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                          validate_fn=no_validate, num_speculative_tokens=[2], max_new_tokens=4, max_model_len=5,
-                          out=out)  # no warn callback: the results keep them anyway
+    r = runner.run_verify(draft, target,
+                          VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2], max_new_tokens=4,
+                                         max_model_len=5), backend=FakeBackend(), progress=False,
+                          validate_fn=no_validate, out=out)  # no warn callback: the results keep them anyway
     assert len(r.warnings) == 1 and "exceed the context of 5 tokens" in r.warnings[0]
     assert not r.warnings[0].startswith("warning")
     assert read_results(out).warnings == r.warnings
@@ -499,8 +507,8 @@ def test_a_run_folder_is_measured_and_named_by_its_step(tmp_path):
     (target / "config.json").write_text("{}")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt_token_ids": [1, 2]}) + "\n")
-    res = runner.run_verify(run, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                            validate_fn=no_validate, num_speculative_tokens=[2])
+    res = runner.run_verify(run, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2]),
+                            backend=FakeBackend(), progress=False, validate_fn=no_validate)
     assert res.drafter.id == "step_5" and res.drafter.fingerprint == checkpoint_fingerprint(step)
 
 
@@ -522,12 +530,12 @@ def test_vllm_dspark_on_cpu_is_refused_before_the_baseline(setup, tmp_path, monk
     built = []
     monkeypatch.setattr(runner, "make_backend", lambda name, **kw: built.append(name) or FakeBackend())
     with pytest.raises(EngineUnavailableError, match="V2 GPU model runner") as err:
-        runner.run_verify(draft, target, backend="vllm", datasets=[str(prompts)], progress=False,
-                          validate_fn=no_validate, num_speculative_tokens=[2], out=tmp_path / "r.json")
+        runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2]),
+                          backend="vllm", progress=False, validate_fn=no_validate, out=tmp_path / "r.json")
     assert built == [] and "--backend reference" in str(err.value) and not (tmp_path / "r.json").exists()
     monkeypatch.setattr(runner, "_cuda_available", lambda: True)  # on a GPU node the engine decides
-    runner.run_verify(draft, target, backend="vllm", datasets=[str(prompts)], progress=False,
-                      validate_fn=no_validate, num_speculative_tokens=[2])
+    runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2]),
+                      backend="vllm", progress=False, validate_fn=no_validate)
     assert built == ["vllm"]
 def test_cli_verify_concurrency_out_of_reach_exit_2(setup):
     """vLLM backends here time one request at a time: --concurrency 8 is refused before anything loads."""
