@@ -135,7 +135,7 @@ class CheckSession:
     stage = "checking"
 
     def handle(self, request: dict) -> dict:
-        from dsparkhub.verify.vllm.checks import run_checks
+        from dsparkhub.verify.vllm.check_stages import run_checks
 
         return run_checks(**request).to_dict()
 
