@@ -64,12 +64,17 @@ class FakeBackend:
         self.closed = True
 
 
-def make_drafter(path, architectures=("Qwen3DSparkModel",), **extra):
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"architectures": list(architectures), "model_type": "qwen3",
-                                                  "block_size": 3, **extra}))
-    (path / "model.safetensors").write_bytes(b"fake weights")
-    return path
+def make_drafter(path, kind="dspark"):
+    """A real drafter (testing factories: the method is read from its DraftSpec) of ``kind`` ``dspark`` |
+    ``dflash`` | ``eagle3``, or ``plain`` (a target-shaped Qwen3 folder no drafter layout reads)."""
+    from dsparkhub.testing.factories import (make_eagle3_drafter, make_qwen3_target, make_speculators_drafter,
+                                             make_zlab_dflash_drafter)
+
+    if kind == "plain":
+        return make_qwen3_target(path)
+    target = make_qwen3_target(path.parent / f".{path.name}-target")
+    make = {"dspark": make_speculators_drafter, "dflash": make_zlab_dflash_drafter, "eagle3": make_eagle3_drafter}
+    return make[kind](path, target)
 
 
 @pytest.fixture
@@ -320,12 +325,12 @@ def test_make_backend_vllm_is_lazy_and_configured(tmp_path):
 
 def test_detect_method(tmp_path):
     assert runner.detect_method(make_drafter(tmp_path / "a")) == "dspark"
-    assert runner.detect_method(make_drafter(tmp_path / "b", ("DFlashDraftModel",))) == "dflash"
-    assert runner.detect_method(make_drafter(tmp_path / "c", ("LlamaForCausalLMEagle3",))) == "eagle3"
+    assert runner.detect_method(make_drafter(tmp_path / "b", "dflash")) == "dflash"
+    assert runner.detect_method(make_drafter(tmp_path / "c", "eagle3")) == "eagle3"
     # a DSpark drafter under a folder named like DFlash is still DSpark (never guessed from the path)
-    assert runner.detect_method(make_drafter(tmp_path / "my-dflash", ("Qwen3DSparkModel",))) == "dspark"
+    assert runner.detect_method(make_drafter(tmp_path / "my-dflash")) == "dspark"
     with pytest.raises(LayoutError):
-        runner.detect_method(make_drafter(tmp_path / "d", ("Qwen3ForCausalLM",)))
+        runner.detect_method(make_drafter(tmp_path / "d", "plain"))
     with pytest.raises(LayoutError):
         runner.detect_method(tmp_path / "missing")
 

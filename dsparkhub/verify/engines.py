@@ -16,19 +16,19 @@ SERVER_BACKENDS = ("vllm-serve", "sglang-serve")
 
 
 def detect_method(draft: str | Path) -> str:
-    """The speculative method of a drafter folder from its ``config.json``: ``dspark``, ``dflash`` or ``eagle3``.
+    """The speculative method of a drafter folder: ``dspark``, ``dflash`` or ``eagle3``.
 
-    Uses the same rules as the vLLM backend (``dsparkhub.verify.vllm.method.method_for_drafter``: ``speculators_model_type``,
-    then DSpark / DFlash / Eagle3 architectures and config keys), so the results file and the engine agree. Never
+    The variant of its :class:`~dsparkhub.layouts.spec.DraftSpec`, as the vLLM backend reads it
+    (:func:`dsparkhub.verify.vllm.method.method_for_drafter`), so the results file and the engine agree. Never
     guesses from the folder name (vLLM does, and loads a DSpark drafter stored under a path containing "dflash" as
     DFlash; FORMATS.md §1).
 
     Raises:
-        LayoutError: no readable ``config.json``, or nothing in it names a method.
+        LayoutError: no ``config.json``, no known layout matches it, or its variant is not one vLLM serves.
         CheckpointFormatError: the method found is not one a results file records (e.g. EAGLE-1).
     """
     from dsparkhub.io.checkpoint import resolve_step_dir
-    from dsparkhub.verify.vllm.method import method_for_drafter  # stdlib-only module: vLLM itself is imported by its child
+    from dsparkhub.verify.vllm.method import method_for_drafter  # no vLLM import: only its child imports vLLM
 
     # a DeepSpec run folder: its step_latest (as every reader follows it)
     method = method_for_drafter(resolve_step_dir(draft) if Path(draft).is_dir() else draft)

@@ -225,9 +225,9 @@ def run_checks(draft: str, target: str, num_speculative_tokens: int | None = Non
     holder: dict[str, Any] = {}
 
     def config_stage() -> StageResult:
-        from dsparkhub.verify.vllm.method import method_for_config
+        from dsparkhub.verify.vllm.method import method_for_drafter
 
-        declared = method_for_config(json.loads((draft_path / "config.json").read_text()))
+        declared = method_for_drafter(draft_path)
         if declared != method:
             # vLLM renames the architecture to the method's class (e.g. DSparkDraftModel) and would accept it.
             return StageResult("config", FAILED, f"the drafter's config.json says it is a {declared} drafter; "

