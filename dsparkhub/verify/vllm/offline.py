@@ -59,7 +59,7 @@ class VllmBackend:
         target: target model folder or Hub id (vLLM's ``model``).
         drafter: drafter folder or Hub id (``speculative_config["model"]``); None for a target that carries its
             drafter (DeepSeek-V4 DSpark: give ``method="dspark"``), or for baseline-only use.
-        method: vLLM speculative method; the variant of the drafter.s DraftSpec when None
+        method: vLLM speculative method; the variant of the drafter's DraftSpec when None
             (:func:`method_for_drafter`). Always passed explicitly to vLLM.
         tensor_parallel_size: vLLM ``tensor_parallel_size`` (the seeds serve at 8).
         max_model_len: vLLM ``max_model_len`` (the seeds use 20000; on CPU keep it small, e.g. 512).
