@@ -124,7 +124,10 @@ def spec_counters_from_prometheus(text: str, *, model: str | None = None) -> Spe
 
     vLLM 0.32 exposes ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
     ``..._num_accepted_tokens_total`` and ``..._num_accepted_tokens_per_pos_total{position="k"}``, one series per
-    ``engine`` label (summed here); ``_created`` samples are ignored.
+    ``engine`` label (summed here); ``_created`` samples are ignored. Parsed with
+    ``prometheus_client.parser.text_string_to_metric_families``: about 51 ms for a 2,029-line exposition on this
+    machine (the hand-written reader it replaced took 0.7 ms); it runs twice per configuration, outside the timed
+    requests, so the measured figures do not move.
 
     Args:
         text: the exposition text (format 0.0.4).
