@@ -190,8 +190,9 @@ def run_calibration(draft: str | Path, target: str | Path, *, datasets=None, max
     from dsparkhub.verify import calibration as cal
     from dsparkhub.verify.prompts import load_datasets
     from dsparkhub.verify.reference.engine import ReferenceEngine
-    from dsparkhub.verify.results import target_fingerprint
-    from dsparkhub.verify.runner import _check_torch_device, _validate
+    from dsparkhub.verify.results.identity import target_fingerprint
+    from dsparkhub.verify.engines import check_torch_device
+    from dsparkhub.verify.runner import _validate
 
     draft = resolve_step_dir(draft) if Path(draft).is_dir() else Path(draft)
     _, gamma = check_drafter(draft)
@@ -201,7 +202,7 @@ def run_calibration(draft: str | Path, target: str | Path, *, datasets=None, max
                                 hint="pass --overwrite to replace it, or --out another path")
     if not 0.0 < fit_fraction < 1.0:
         raise CalibrationError(f"fit_fraction must be in (0, 1), found {fit_fraction}")
-    _check_torch_device(device)
+    check_torch_device(device)
     _validate(draft, target, gamma, warn)
     data = load_datasets(datasets, target, max_prompts=max_prompts, tokenizer=tokenizer)
     engine = ReferenceEngine(target, draft, device=device or "cpu")

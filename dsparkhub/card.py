@@ -34,7 +34,8 @@ from dsparkhub.card_engines import engine_checks, sglang_launch
 from dsparkhub.errors import CheckpointNotFoundError, DsparkhubError, ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import target_repo_id
-from dsparkhub.verify.results import ModelRef, VerifyResults
+from dsparkhub.verify.results.reading import read_results
+from dsparkhub.verify.results.schema import ModelRef, VerifyResults
 
 PROVENANCE_FILE = "dsparkhub_provenance.json"
 DEFAULT_TEMPLATE = "model_card.md.j2"
@@ -80,7 +81,7 @@ def load_results_for(draft: str | Path, paths: list[str | Path]) -> list[VerifyR
 
     Raises:
         CardError: no results file given.
-        ResultsError: a file is malformed (see ``VerifyResults.load``), its ``drafter.fingerprint`` is not the
+        ResultsError: a file is malformed (see ``read_results``), its ``drafter.fingerprint`` is not the
             folder's ``checkpoint_fingerprint`` (both hashes named), or its run was not lossless.
     """
     if not paths:
@@ -91,7 +92,7 @@ def load_results_for(draft: str | Path, paths: list[str | Path]) -> list[VerifyR
     fingerprint = checkpoint_fingerprint(folder)
     out = []
     for p in paths:
-        res = VerifyResults.load(p)
+        res = read_results(p)
         if res.drafter.fingerprint != fingerprint:
             raise ResultsError(
                 f"results were measured on drafter fingerprint {res.drafter.fingerprint} but the folder {folder} "
@@ -479,7 +480,7 @@ def _section(res: VerifyResults, plots: tuple[str, ...]) -> dict[str, Any]:
 def _load_context(res: VerifyResults) -> dict[str, Any] | None:
     """The measured concurrency table (``results.load_table``) with the best n per concurrency, or None when
     only one concurrency was measured."""
-    from dsparkhub.verify.results import load_table
+    from dsparkhub.verify.results.table import load_table
 
     if len(res.settings.concurrency) < 2:
         return None

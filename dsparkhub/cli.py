@@ -573,22 +573,26 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
            overwrite, concurrency, repeats, threads, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses."""
-    from dsparkhub.verify.results import format_summary_table
-    from dsparkhub.verify.runner import LoadOptions, VerifyArgumentError, run_verify
+    from dsparkhub.verify.results.table import format_summary_table
+    from dsparkhub.verify.runner import VerifyArgumentError, run_verify
+    from dsparkhub.verify.settings import LoadOptions, VerifySettings
 
     if quiet:
         _hide_transformers_progress()
 
     try:
-        results = run_verify(draft, target, backend=backend, num_speculative_tokens=ns, datasets=list(datasets),
-                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, max_prompts=max_prompts,
-                             method=method, device=device, tensor_parallel_size=tp, max_model_len=max_model_len,
-                             compilation_config=compilation_config, confidence_threshold=confidence_threshold,
-                             server_url=server_url, baseline_url=baseline_url, out=out, overwrite=overwrite,
-                             progress=not quiet,
-                             raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True),
-                             load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats,
-                                              intra_op_threads=threads))
+        results = run_verify(draft, target,
+                             VerifySettings(num_speculative_tokens=ns, datasets=list(datasets),
+                                            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                            max_prompts=max_prompts, method=method, device=device,
+                                            tensor_parallel_size=tp, max_model_len=max_model_len,
+                                            compilation_config=compilation_config,
+                                            confidence_threshold=confidence_threshold, server_url=server_url,
+                                            baseline_url=baseline_url,
+                                            load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats,
+                                                             intra_op_threads=threads)),
+                             backend=backend, out=out, overwrite=overwrite, progress=not quiet,
+                             raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
     except VerifyArgumentError as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
     if Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
@@ -876,8 +880,9 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     from dsparkhub.layouts.recipes import open_draft
     from dsparkhub.testing.hub_server import LocalHub
     from dsparkhub.validate import validate as run_validate
-    from dsparkhub.verify.results import format_summary_table
-    from dsparkhub.verify.runner import LoadOptions, run_verify
+    from dsparkhub.verify.results.table import format_summary_table
+    from dsparkhub.verify.runner import run_verify
+    from dsparkhub.verify.settings import LoadOptions, VerifySettings
 
     if quiet:
         _hide_transformers_progress()
@@ -904,10 +909,11 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
         sys.exit(1)
     click.echo("== 5/7 verify with the reference engine (CPU): lossless, τ, speedup per num_speculative_tokens")
     results_path = out / "results.json"
-    results = run_verify(drafter, ex.target, backend="reference", num_speculative_tokens=(3, 5, 7),
-                         datasets=[f"heldout={ex.prompts}"], max_new_tokens=max_new_tokens, out=results_path,
-                         overwrite=True,
-                         progress=not quiet, load=LoadOptions(repeats=3))  # interleaved, medians: honest timing
+    results = run_verify(drafter, ex.target,
+                         VerifySettings(num_speculative_tokens=(3, 5, 7), datasets=[f"heldout={ex.prompts}"],
+                                        max_new_tokens=max_new_tokens,
+                                        load=LoadOptions(repeats=3)),  # interleaved, medians: honest timing
+                         backend="reference", out=results_path, overwrite=True, progress=not quiet)
     click.echo(format_summary_table(results))
     click.echo(f"wrote {results_path}")
     click.echo("== 6/7 model card from the results")

@@ -499,7 +499,7 @@ def _target_record(t: TargetSpec, base_model: str | None) -> dict:
     """Provenance of the target: Hub id (``base_model``, else :func:`dsparkhub.target.target_repo_id`), and for a
     local folder its name, ``config.json`` sha256 and header fingerprint (no local path)."""
     from dsparkhub.target import target_repo_id
-    from dsparkhub.verify.results import target_fingerprint
+    from dsparkhub.verify.results.identity import target_fingerprint
 
     repo, how = (base_model, "--base-model") if base_model else target_repo_id(t)
     folder = Path(t.checkpoint.path) if t.local else None  # a Hub id read from the HF cache is local too

@@ -10,6 +10,7 @@ from dsparkhub.example import make_tiny_drafter, make_tiny_target
 from dsparkhub.verify import runner
 from dsparkhub.torch_threads import threads_for
 from dsparkhub.verify.reference.engine import ReferenceEngine
+from dsparkhub.verify.settings import LoadOptions, VerifySettings
 
 torch.set_num_threads(1)
 
@@ -75,9 +76,10 @@ def test_run_verify_concurrency_axis_interleaved(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "run", spy)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(f'{{"prompt_token_ids": {p}}}\n' for p in PROMPTS))
-    res = runner.run_verify(root / "dspark_run", root / "target", backend=engine, num_speculative_tokens=[2, 3],
-                            datasets=[str(prompts)], max_new_tokens=12, progress=False, check=False,
-                            load=runner.LoadOptions(concurrency=(3, 1), repeats=2))
+    res = runner.run_verify(root / "dspark_run", root / "target",
+                            VerifySettings(num_speculative_tokens=[2, 3], datasets=[str(prompts)], max_new_tokens=12,
+                                           load=LoadOptions(concurrency=(3, 1), repeats=2)), backend=engine,
+                            progress=False, check=False)
     assert order == [(None, 1), (2, 1), (3, 1)] * 2 + [(None, 3), (2, 3), (3, 3)] * 2  # interleaved
     s = res.settings
     assert (s.concurrency, s.repeats, s.order, s.batch_size) == ([1, 3], 2, "interleaved", 3)
@@ -105,8 +107,9 @@ def test_concurrency_out_of_a_backends_reach_is_refused(tiny, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_token_ids": [1, 2]}\n')
     with pytest.raises(runner.EngineOptionError, match="runs one request at a time, so --concurrency 8"):
-        runner.run_verify(root / "dspark_run", root / "target", backend=OneAtATime(), num_speculative_tokens=[2],
-                          datasets=[str(prompts)], progress=False, check=False,
-                          load=runner.LoadOptions(concurrency=(1, 8)))
+        runner.run_verify(root / "dspark_run", root / "target",
+                          VerifySettings(num_speculative_tokens=[2], datasets=[str(prompts)],
+                                         load=LoadOptions(concurrency=(1, 8))), backend=OneAtATime(),
+                          progress=False, check=False)
     with pytest.raises(runner.VerifyArgumentError, match="repeats must be at least 1"):
-        runner.LoadOptions(repeats=0).checked()
+        LoadOptions(repeats=0).checked()

@@ -9,8 +9,11 @@ import struct
 import pytest
 
 from dsparkhub.errors import LosslessMismatchError, ResultsError
-from dsparkhub.verify.results import (SCHEMA, EngineInfo, ModelRef, Settings, VerifyResults, build_results,
-                                      build_run_result, first_mismatch, format_summary_table, target_fingerprint)
+from dsparkhub.verify.results.derive import build_results, build_run_result, first_mismatch
+from dsparkhub.verify.results.identity import target_fingerprint
+from dsparkhub.verify.results.reading import read_results, results_from_dict
+from dsparkhub.verify.results.schema import SCHEMA, EngineInfo, ModelRef, Settings, VerifyResults
+from dsparkhub.verify.results.table import format_summary_table
 from dsparkhub.verify.stats import RunStats
 
 OUT_A = [[10, 11, 12, 13, 14, 15], [20, 21, 22]]             # dataset "a": 2 prompts, 9 tokens
@@ -113,16 +116,16 @@ def test_round_trip(tmp_path):
     r = make_results(mismatch=True)
     d = r.to_dict()
     assert list(d)[0] == "schema" and d["schema"] == SCHEMA
-    assert VerifyResults.from_dict(json.loads(json.dumps(d))) == r
+    assert results_from_dict(json.loads(json.dumps(d))) == r
     path = r.save(tmp_path / "sub" / "results.json")
-    assert VerifyResults.load(path) == r
+    assert read_results(path) == r
     assert [p.name for p in path.parent.iterdir()] == ["results.json"]  # no temp file left
     umask = os.umask(0o022)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as readable as any other output, not mkstemp's 0600
     r2 = make_results(date="2027-01-01T00:00:00+00:00")
     r2.save(path)
-    assert VerifyResults.load(path).date == "2027-01-01T00:00:00+00:00"
+    assert read_results(path).date == "2027-01-01T00:00:00+00:00"
 
 
 def _write(tmp_path, data) -> str:
@@ -162,20 +165,20 @@ def test_malformed_fields(tmp_path, mutate, message):
     mutate(d)
     path = _write(tmp_path, d)
     with pytest.raises(ResultsError) as ei:
-        VerifyResults.load(path)
+        read_results(path)
     assert message in str(ei.value) and path in str(ei.value)
 
 
 def test_malformed_files(tmp_path):
     with pytest.raises(ResultsError, match=r"not valid JSON .* line 1"):
-        VerifyResults.load(_write(tmp_path, "{not json"))
+        read_results(_write(tmp_path, "{not json"))
     with pytest.raises(ResultsError, match="<root>.*expected a JSON object, found list"):
-        VerifyResults.load(_write(tmp_path, "[1, 2]"))
+        read_results(_write(tmp_path, "[1, 2]"))
     with pytest.raises(FileNotFoundError):
-        VerifyResults.load(tmp_path / "missing.json")
+        read_results(tmp_path / "missing.json")
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ResultsError, match="UTF-8"):
-        VerifyResults.load(tmp_path / "bin.json")
+        read_results(tmp_path / "bin.json")
 
 
 def test_unknown_method_refused_when_building():
@@ -226,7 +229,7 @@ DATA = os.path.join(os.path.dirname(__file__), "data")
 
 def test_reads_schema_1_file():
     """A file written by dsparkhub's /1 writer (tests/data/results_v1.json) loads, upgraded to /2 in memory."""
-    r = VerifyResults.load(os.path.join(DATA, "results_v1.json"))
+    r = read_results(os.path.join(DATA, "results_v1.json"))
     assert r.schema == SCHEMA and r.settings.concurrency == [1] and r.settings.repeats == 1
     ds_a = r.datasets[0]
     assert ds_a.baseline.tokens_per_s == pytest.approx(3.0) and ds_a.baseline.concurrency == 1
@@ -239,7 +242,7 @@ def test_reads_schema_1_file():
     assert b3.speedup == pytest.approx(2.0) and b3.tau == pytest.approx(1.8) and "exceeds τ 1.80" in b3.unreliable[0]
     # n=3's mean includes the impossible figure: n=5 (2.2x... reliable) is the best n
     assert [(x.concurrency, x.best_n) for x in r.load] == [(1, 5)]
-    again = VerifyResults.from_dict(json.loads(json.dumps(r.to_dict())))
+    again = results_from_dict(json.loads(json.dumps(r.to_dict())))
     assert again == r and again.to_dict()["schema"] == SCHEMA
 
 
@@ -289,4 +292,4 @@ def test_concurrency_axis_best_n_and_where_it_stops_paying():
     text = format_summary_table(r)
     assert "dataset @ concurrency 8" in text and "concurrency 8: best n = 5" in text
     assert "the drafter does not pay from concurrency 32 on" in text
-    assert VerifyResults.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    assert results_from_dict(json.loads(json.dumps(r.to_dict()))) == r

@@ -17,7 +17,8 @@ from dsparkhub.errors import (EngineUnavailableError, LayoutError, LosslessMisma
                               VerifyError)
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.verify import runner
-from dsparkhub.verify.results import VerifyResults
+from dsparkhub.verify.results.reading import read_results
+from dsparkhub.verify.settings import VerifySettings
 from dsparkhub.verify.stats import RunStats
 
 PROMPTS = [[3, 4, 5], [7, 1], [2, 2, 2, 2]]
@@ -63,12 +64,17 @@ class FakeBackend:
         self.closed = True
 
 
-def make_drafter(path, architectures=("Qwen3DSparkModel",), **extra):
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"architectures": list(architectures), "model_type": "qwen3",
-                                                  "block_size": 3, **extra}))
-    (path / "model.safetensors").write_bytes(b"fake weights")
-    return path
+def make_drafter(path, kind="dspark"):
+    """A real drafter (testing factories: the method is read from its DraftSpec) of ``kind`` ``dspark`` |
+    ``dflash`` | ``eagle3``, or ``plain`` (a target-shaped Qwen3 folder no drafter layout reads)."""
+    from dsparkhub.testing.factories import (make_eagle3_drafter, make_qwen3_target, make_speculators_drafter,
+                                             make_zlab_dflash_drafter)
+
+    if kind == "plain":
+        return make_qwen3_target(path)
+    target = make_qwen3_target(path.parent / f".{path.name}-target")
+    make = {"dspark": make_speculators_drafter, "dflash": make_zlab_dflash_drafter, "eagle3": make_eagle3_drafter}
+    return make[kind](path, target)
 
 
 @pytest.fixture
@@ -89,8 +95,9 @@ def test_run_verify_numbers(setup, tmp_path):
     draft, target, prompts = setup
     fake = FakeBackend()
     out = tmp_path / "res" / "results.json"
-    res = runner.run_verify(draft, target, backend=fake, num_speculative_tokens=[3, 2], datasets=[f"p={prompts}"],
-                            max_new_tokens=5, out=out, progress=False, validate_fn=no_validate)
+    res = runner.run_verify(draft, target,
+                            VerifySettings(num_speculative_tokens=[3, 2], datasets=[f"p={prompts}"], max_new_tokens=5),
+                            backend=fake, out=out, progress=False, validate_fn=no_validate)
     assert fake.calls == [(None, 3), (2, 3), (3, 3)]  # configuration-outer
     assert not fake.closed  # a backend object passed in is the caller's to close
     assert res.method == "dspark" and res.lossless is True
@@ -107,20 +114,21 @@ def test_run_verify_numbers(setup, tmp_path):
     assert r3.per_position_acceptance == pytest.approx([1.0, 1.0, 0.5])
     assert r3.speedup == pytest.approx(2.0) and r3.draft_tokens_per_step == pytest.approx(3.0)
     assert res.change.tau_delta == pytest.approx(1.0)
-    assert VerifyResults.load(out) == res
+    assert read_results(out) == res
 
 
 def test_lossless_mismatch_raises_after_saving(setup, tmp_path):
     draft, target, prompts = setup
     out = tmp_path / "results.json"
     with pytest.raises(LosslessMismatchError) as ei:
-        runner.run_verify(draft, target, backend=FakeBackend(mismatch=(3, 1, 2, 96)), num_speculative_tokens=[2, 3],
-                          datasets=[str(prompts)], max_new_tokens=5, out=out, progress=False,
+        runner.run_verify(draft, target,
+                          VerifySettings(num_speculative_tokens=[2, 3], datasets=[str(prompts)], max_new_tokens=5),
+                          backend=FakeBackend(mismatch=(3, 1, 2, 96)), out=out, progress=False,
                           validate_fn=no_validate)
     e = ei.value
     expected = FakeBackend.output(PROMPTS[1], 5)[2]
     assert (e.dataset, e.prompt_index, e.position, e.expected, e.found) == ("ids", 1, 2, expected, 96)
-    saved = VerifyResults.load(out)
+    saved = read_results(out)
     assert saved.lossless is False and saved.datasets[0].run(2).lossless is True
     assert saved.datasets[0].run(3).first_mismatch.found == 96
 
@@ -135,8 +143,8 @@ def test_validation_runs_before_any_backend(setup, monkeypatch):
         raise ValidationFailedError("fc.weight has the wrong width")
 
     with pytest.raises(ValidationFailedError, match="wrong width"):
-        runner.run_verify(draft, target, backend="reference", num_speculative_tokens=[3, 7],
-                          datasets=[str(prompts)], progress=False, validate_fn=refuse)
+        runner.run_verify(draft, target, VerifySettings(num_speculative_tokens=[3, 7], datasets=[str(prompts)]),
+                          backend="reference", progress=False, validate_fn=refuse)
     assert built == []
 
 
@@ -175,8 +183,8 @@ def test_backend_returning_wrong_prompt_count(setup):
             return s
 
     with pytest.raises(VerifyError, match="outputs for 2 prompts, expected 3"):
-        runner.run_verify(draft, target, backend=Short(), num_speculative_tokens=[2], datasets=[str(prompts)],
-                          progress=False, validate_fn=no_validate)
+        runner.run_verify(draft, target, VerifySettings(num_speculative_tokens=[2], datasets=[str(prompts)]),
+                          backend=Short(), progress=False, validate_fn=no_validate)
 
 
 def test_progress_hook_used_when_offered(setup):
@@ -191,8 +199,9 @@ def test_progress_hook_used_when_offered(setup):
             return super().run(prompts, num_speculative_tokens=num_speculative_tokens,
                                max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
 
-    runner.run_verify(draft, target, backend=WithProgress(), num_speculative_tokens=[2], datasets=[str(prompts)],
-                      max_new_tokens=3, progress=False, validate_fn=no_validate)
+    runner.run_verify(draft, target,
+                      VerifySettings(num_speculative_tokens=[2], datasets=[str(prompts)], max_new_tokens=3),
+                      backend=WithProgress(), progress=False, validate_fn=no_validate)
     assert ticks == [None, None, None, 2, 2, 2]
 
 
@@ -206,8 +215,8 @@ def test_progress_hook_used_when_offered(setup):
 def test_bad_arguments(setup, kwargs, message):
     draft, target, prompts = setup
     with pytest.raises(ValueError, match=message):
-        runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                          validate_fn=no_validate, **kwargs)
+        runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], **kwargs), backend=FakeBackend(),
+                          progress=False, validate_fn=no_validate)
 
 
 @pytest.mark.parametrize("name, kwargs, message", [
@@ -233,10 +242,11 @@ def test_reference_device_is_checked_before_loading(device, message):
 def test_method_contradicting_the_drafter_is_refused(setup):
     draft, target, prompts = setup
     with pytest.raises(ValueError, match="describes a dspark drafter"):
-        runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                          validate_fn=no_validate, method="dflash")
-    res = runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                            validate_fn=no_validate, method="dspark", num_speculative_tokens=[2])
+        runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], method="dflash"),
+                          backend=FakeBackend(), progress=False, validate_fn=no_validate)
+    res = runner.run_verify(draft, target,
+                            VerifySettings(datasets=[str(prompts)], method="dspark", num_speculative_tokens=[2]),
+                            backend=FakeBackend(), progress=False, validate_fn=no_validate)
     assert res.method == "dspark"
 
 
@@ -244,7 +254,7 @@ def test_results_path_is_checked_before_running(setup, tmp_path):
     draft, target, prompts = setup
     backend = FakeBackend()
     with pytest.raises(ValueError, match="is a folder"):
-        runner.run_verify(draft, target, backend=backend, datasets=[str(prompts)], progress=False,
+        runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)]), backend=backend, progress=False,
                           validate_fn=no_validate, out=tmp_path)
     assert backend.calls == []
 
@@ -254,8 +264,8 @@ def test_results_path_must_be_new_and_writable_before_running(setup, tmp_path):
 
     draft, target, prompts = setup
     backend = FakeBackend()
-    kwargs = dict(backend=backend, datasets=[str(prompts)], progress=False, validate_fn=no_validate,
-                  num_speculative_tokens=[2])
+    kwargs = dict(backend=backend, progress=False, validate_fn=no_validate,
+                  settings=VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2]))
     existing = tmp_path / "old.json"
     existing.write_text("{}")
     with pytest.raises(OutputExistsError, match="already exists") as err:
@@ -266,7 +276,7 @@ def test_results_path_must_be_new_and_writable_before_running(setup, tmp_path):
         runner.run_verify(draft, target, out=Path("/proc/dsparkhub-test/r.json"), **kwargs)
     assert backend.calls == []
     runner.run_verify(draft, target, out=existing, overwrite=True, **kwargs)
-    assert VerifyResults.load(existing).settings.num_speculative_tokens == [2]
+    assert read_results(existing).settings.num_speculative_tokens == [2]
 
 
 def test_cli_verify_refuses_an_existing_results_file_unless_overwrite(setup, tmp_path, cli_fake):
@@ -315,12 +325,12 @@ def test_make_backend_vllm_is_lazy_and_configured(tmp_path):
 
 def test_detect_method(tmp_path):
     assert runner.detect_method(make_drafter(tmp_path / "a")) == "dspark"
-    assert runner.detect_method(make_drafter(tmp_path / "b", ("DFlashDraftModel",))) == "dflash"
-    assert runner.detect_method(make_drafter(tmp_path / "c", ("LlamaForCausalLMEagle3",))) == "eagle3"
+    assert runner.detect_method(make_drafter(tmp_path / "b", "dflash")) == "dflash"
+    assert runner.detect_method(make_drafter(tmp_path / "c", "eagle3")) == "eagle3"
     # a DSpark drafter under a folder named like DFlash is still DSpark (never guessed from the path)
-    assert runner.detect_method(make_drafter(tmp_path / "my-dflash", ("Qwen3DSparkModel",))) == "dspark"
+    assert runner.detect_method(make_drafter(tmp_path / "my-dflash")) == "dspark"
     with pytest.raises(LayoutError):
-        runner.detect_method(make_drafter(tmp_path / "d", ("Qwen3ForCausalLM",)))
+        runner.detect_method(make_drafter(tmp_path / "d", "plain"))
     with pytest.raises(LayoutError):
         runner.detect_method(tmp_path / "missing")
 
@@ -353,7 +363,7 @@ def test_cli_verify_ok(setup, tmp_path, cli_fake):
     assert "2.50 / 2.00x / ok" in res.output and "3.50 / 2.00x / ok" in res.output  # n=2, n=3 for dataset p
     assert f"wrote {out}" in res.output and cli_fake["backend"].closed
     assert cli_fake["kwargs"]["max_model_len"] == 512 and cli_fake["kwargs"]["compilation_config"] == {"level": 0}
-    saved = VerifyResults.load(out)
+    saved = read_results(out)
     assert saved.settings.max_model_len == 512 and saved.settings.compilation_config == {"level": 0}
 
 
@@ -369,7 +379,7 @@ def test_cli_verify_lossless_failure_exit_1(setup, tmp_path, cli_fake):
     assert "LosslessMismatchError" in res.output and "prompt 2" in res.output and "position 3" in res.output
     assert f"expected token {expected}, found 55" in res.output
     assert "FAIL" in res.output  # the table is printed before the error
-    assert VerifyResults.load(out).lossless is False
+    assert read_results(out).lossless is False
 
 
 def test_cli_verify_engine_refusal_exit_1(setup, tmp_path, cli_fake):
@@ -382,7 +392,7 @@ def test_cli_verify_engine_refusal_exit_1(setup, tmp_path, cli_fake):
     assert cli_fake["backend"].closed
     # the configurations measured before the refusal are kept, the rest marked incomplete
     assert "partial results" in res.output and str(out) in res.output.replace("\n", "")
-    partial = VerifyResults.load(out)
+    partial = read_results(out)
     assert [r.num_speculative_tokens for r in partial.datasets[0].runs] == [2]
     assert partial.incomplete[0].startswith("stopped at ") and "n=3" in partial.incomplete[0]
     assert "n=3 @ concurrency 1" in partial.incomplete[1]
@@ -413,7 +423,7 @@ def test_end_to_end_reference_engine_and_card(example, tmp_path):
                                     "--datasets", f"heldout={example.prompts},builtin:math", "--max-prompts", "2",
                                     "--max-new-tokens", "24", "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
-    r = VerifyResults.load(out)
+    r = read_results(out)
     assert r.lossless is True and r.engine.backend == "reference" and r.method == "dspark"
     held = next(d for d in r.datasets if d.name == "heldout")
     assert all(x.tau is not None and x.tau > 1.0 for x in held.runs)  # a trained drafter accepts something
@@ -444,7 +454,7 @@ def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
                                     "--datasets", str(prompts), "--max-new-tokens", "12", "--out", str(out),
                                     "--quiet"])
     assert res.exit_code == 0, res.output
-    r = VerifyResults.load(out)
+    r = read_results(out)
     assert r.lossless is True and r.engine.backend == "reference" and r.method == "dspark"
     assert r.target.fingerprint is not None and r.drafter.fingerprint == checkpoint_fingerprint(draft)
     for run_result in r.datasets[0].runs:
@@ -460,29 +470,32 @@ def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
 def test_prompts_longer_than_the_context_are_warned_about(setup):
     draft, target, prompts = setup
     lines: list[str] = []
-    runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                      validate_fn=no_validate, num_speculative_tokens=[2], max_new_tokens=4, max_model_len=5,
+    runner.run_verify(draft, target,
+                      VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2], max_new_tokens=4,
+                                     max_model_len=5), backend=FakeBackend(), progress=False, validate_fn=no_validate,
                       warn=lines.append)
     assert any("exceed the context of 5 tokens" in line for line in lines), lines
     lines.clear()
-    runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                      validate_fn=no_validate, num_speculative_tokens=[2], max_new_tokens=4, warn=lines.append)
+    runner.run_verify(draft, target,
+                      VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2], max_new_tokens=4),
+                      backend=FakeBackend(), progress=False, validate_fn=no_validate, warn=lines.append)
     assert lines == []
 
 
 def test_warnings_are_stored_in_the_results_and_listed_on_the_card(setup, tmp_path):
     draft, target, prompts = setup
     out = tmp_path / "results.json"
-    r = runner.run_verify(draft, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                          validate_fn=no_validate, num_speculative_tokens=[2], max_new_tokens=4, max_model_len=5,
-                          out=out)  # no warn callback: the results keep them anyway
+    r = runner.run_verify(draft, target,
+                          VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2], max_new_tokens=4,
+                                         max_model_len=5), backend=FakeBackend(), progress=False,
+                          validate_fn=no_validate, out=out)  # no warn callback: the results keep them anyway
     assert len(r.warnings) == 1 and "exceed the context of 5 tokens" in r.warnings[0]
     assert not r.warnings[0].startswith("warning")
-    assert VerifyResults.load(out).warnings == r.warnings
+    assert read_results(out).warnings == r.warnings
     old = json.loads(out.read_text())
     del old["warnings"]  # files written before the key existed still load
     out.write_text(json.dumps(old))
-    assert VerifyResults.load(out).warnings == []
+    assert read_results(out).warnings == []
     r.save(out)
     card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
     assert card.exit_code == 0, card.output
@@ -499,8 +512,8 @@ def test_a_run_folder_is_measured_and_named_by_its_step(tmp_path):
     (target / "config.json").write_text("{}")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt_token_ids": [1, 2]}) + "\n")
-    res = runner.run_verify(run, target, backend=FakeBackend(), datasets=[str(prompts)], progress=False,
-                            validate_fn=no_validate, num_speculative_tokens=[2])
+    res = runner.run_verify(run, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2]),
+                            backend=FakeBackend(), progress=False, validate_fn=no_validate)
     assert res.drafter.id == "step_5" and res.drafter.fingerprint == checkpoint_fingerprint(step)
 
 
@@ -522,12 +535,12 @@ def test_vllm_dspark_on_cpu_is_refused_before_the_baseline(setup, tmp_path, monk
     built = []
     monkeypatch.setattr(runner, "make_backend", lambda name, **kw: built.append(name) or FakeBackend())
     with pytest.raises(EngineUnavailableError, match="V2 GPU model runner") as err:
-        runner.run_verify(draft, target, backend="vllm", datasets=[str(prompts)], progress=False,
-                          validate_fn=no_validate, num_speculative_tokens=[2], out=tmp_path / "r.json")
+        runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2]),
+                          backend="vllm", progress=False, validate_fn=no_validate, out=tmp_path / "r.json")
     assert built == [] and "--backend reference" in str(err.value) and not (tmp_path / "r.json").exists()
     monkeypatch.setattr(runner, "_cuda_available", lambda: True)  # on a GPU node the engine decides
-    runner.run_verify(draft, target, backend="vllm", datasets=[str(prompts)], progress=False,
-                      validate_fn=no_validate, num_speculative_tokens=[2])
+    runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2]),
+                      backend="vllm", progress=False, validate_fn=no_validate)
     assert built == ["vllm"]
 def test_cli_verify_concurrency_out_of_reach_exit_2(setup):
     """vLLM backends here time one request at a time: --concurrency 8 is refused before anything loads."""

@@ -17,16 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dsparkhub.errors import EngineUnavailableError, LayoutError, VerifyError
-from dsparkhub.verify.vllm.backend import (
-    SpecCounters,
-    VllmBackend,
-    VllmServerBackend,
-    method_for_config,
-    method_for_drafter,
-    refusal_paragraph,
-    spec_counters_from_metrics,
-    spec_counters_from_prometheus,
-)
+from dsparkhub.verify.vllm.counters import SpecCounters, spec_counters_from_metrics, spec_counters_from_prometheus
+from dsparkhub.verify.vllm.method import method_for_drafter, method_for_spec
+from dsparkhub.verify.vllm.offline import VllmBackend
+from dsparkhub.verify.vllm.refusals import refusal_paragraph
+from dsparkhub.verify.vllm.server import VllmServerBackend
 
 
 
@@ -41,43 +36,55 @@ def _child_dirs_in_tmp(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------- method
 
 
-@pytest.mark.parametrize("config, expected", [
-    ({"architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "markov_rank": 256}, "dspark"),
-    ({"architectures": ["Qwen3OmniDSparkModel"]}, "dspark"),
-    ({"architectures": ["Gemma4DSparkModel"]}, "dspark"),
-    ({"architectures": ["K3DSparkModel"], "model_type": "k3_dspark"}, "dspark"),
-    ({"model_type": "k3_dspark"}, "dspark"),
-    ({"architectures": ["DSparkDraftModel"], "model_type": "qwen3"}, "dspark"),
-    # a DeepSeek-V4 target carrying its drafter: only dspark_* keys say so
-    ({"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "dspark_block_size": 5}, "dspark"),
-    ({"architectures": ["DFlashDraftModel"], "dflash_config": {"target_layer_ids": [1, 2]}}, "dflash"),
-    ({"architectures": ["Qwen3ForCausalLM"], "dflash_config": {"mask_token_id": 7}}, "dflash"),
-    ({"speculators_model_type": "dspark", "architectures": ["DSparkSpeculator"]}, "dspark"),
-    ({"speculators_model_type": "dflash"}, "dflash"),
-    ({"speculators_model_type": "eagle3"}, "eagle3"),
-    ({"speculators_model_type": "peagle"}, "eagle3"),
-    ({"architectures": ["LlamaForCausalLMEagle3"]}, "eagle3"),
-    ({"architectures": ["Eagle3Qwen3ForCausalLM"]}, "eagle3"),
-])
-def test_method_for_config(config, expected):
-    assert method_for_config(config) == expected
+def _drafters(root):
+    """One real drafter per layout the method is read from (testing factories), with the method vLLM serves it by."""
+    from dsparkhub.testing.factories import (make_deepspec_drafter, make_eagle3_drafter, make_k3_dspark_drafter,
+                                             make_qwen3_target, make_speculators_drafter, make_zlab_dflash2_drafter,
+                                             make_zlab_dflash_drafter)
+
+    target = make_qwen3_target(root / "target")
+    return [
+        (make_deepspec_drafter(root / "deepspec-run", target), "dspark"),
+        (make_k3_dspark_drafter(root / "k3"), "dspark"),
+        (make_speculators_drafter(root / "spec-dspark", target), "dspark"),
+        (make_speculators_drafter(root / "spec-dflash", target, variant="dflash"), "dflash"),
+        (make_zlab_dflash_drafter(root / "zlab", target), "dflash"),
+        (make_zlab_dflash2_drafter(root / "zlab2", target), "dflash"),  # vLLM serves DFlash-2 with method dflash
+        (make_eagle3_drafter(root / "eagle3", target), "eagle3"),
+    ]
 
 
-@pytest.mark.parametrize("config", [
-    {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
-    {},
-    {"speculators_model_type": "medusa2"},
-])
-def test_method_for_config_refuses_unknown(config):
+def test_method_for_drafter_from_the_spec(tmp_path):
+    from dsparkhub.layouts.recipes import open_draft
+
+    for folder, expected in _drafters(tmp_path):
+        assert method_for_drafter(folder) == expected, folder
+        assert method_for_spec(open_draft(folder).spec) == expected, folder
+
+
+def test_method_for_spec_refuses_unknown_variant(tmp_path):
+    import dataclasses
+
+    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.testing.factories import make_eagle3_drafter, make_qwen3_target
+
+    spec = open_draft(make_eagle3_drafter(tmp_path / "d", make_qwen3_target(tmp_path / "t"))).spec
     with pytest.raises(LayoutError, match="method"):
-        method_for_config(config, source="x/config.json")
+        method_for_spec(dataclasses.replace(spec, variant="medusa2"))
 
 
-def test_method_for_drafter_reads_config_not_path(tmp_path):
-    # vLLM's own guess would say "dflash" for this path; the config says DSpark.
-    folder = tmp_path / "my-dflash-export"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3DSparkModel"], "markov_rank": 8}))
+def test_method_for_drafter_refuses_what_no_layout_reads(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
+    (tmp_path / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(LayoutError):
+        method_for_drafter(tmp_path)
+
+
+def test_method_for_drafter_reads_the_drafter_not_path(tmp_path):
+    # vLLM's own guess would say "dflash" for this path; the drafter is DSpark.
+    from dsparkhub.testing.factories import make_qwen3_target, make_speculators_drafter
+
+    folder = make_speculators_drafter(tmp_path / "my-dflash-export", make_qwen3_target(tmp_path / "t"))
     assert method_for_drafter(folder) == "dspark"
     backend = VllmBackend(tmp_path, folder)
     assert backend.method == "dspark"
@@ -358,11 +365,10 @@ def fake_vllm(tmp_path):
 
 @pytest.fixture
 def drafter(tmp_path):
-    folder = tmp_path / "drafter"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"],
-                                                    "dflash_config": {"mask_token_id": 5}}))
-    return folder
+    """A real z-lab DFlash drafter (the method is read from its DraftSpec); the stand-in vLLM never loads it."""
+    from dsparkhub.testing.factories import make_qwen3_target, make_zlab_dflash_drafter
+
+    return make_zlab_dflash_drafter(tmp_path / "drafter", make_qwen3_target(tmp_path / "drafter-target"))
 
 
 def test_child_protocol_with_stand_in_vllm(tmp_path, fake_vllm, drafter, monkeypatch):
@@ -642,12 +648,17 @@ def test_vllm_check_without_n_names_the_missing_key(tmp_path):
     from click.testing import CliRunner
 
     from dsparkhub.cli import main
+    from dsparkhub.testing.factories import make_eagle3_drafter, make_qwen3_target
 
-    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3",
-                                                      "speculators_config": {"proposal_methods": [{}]}}))
-    result = CliRunner().invoke(main, ["vllm-check", str(tmp_path), "--target", str(tmp_path)])
+    draft = make_eagle3_drafter(tmp_path / "d", make_qwen3_target(tmp_path / "t"))
+    config = json.loads((draft / "config.json").read_text())
+    config["speculators_config"]["proposal_methods"] = [{}]
+    (draft / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(main, ["vllm-check", str(draft), "--target", str(tmp_path / "t")])
     assert result.exit_code == 1
-    assert "names no number of speculative tokens" in result.output and "-n" in result.output
+    # the drafter is read with its recipe first (its DraftSpec names the method), which names the missing key
+    assert "no block size" in result.output and "speculative_tokens" in result.output
+    assert "vllm_child" not in result.output
 
 
 # A vLLM 0.32 engine-core failure as it reaches the child's log (vllm/logger.py prefixes every line of a record;
@@ -692,7 +703,7 @@ attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the sta
 
 
 def test_root_cause_from_log_prefers_the_worker_traceback():
-    from dsparkhub.verify.vllm.backend import root_cause_from_log
+    from dsparkhub.verify.vllm.refusals import root_cause_from_log
 
     cause = "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
     assert root_cause_from_log(_WORKER_LOG) == cause
@@ -713,7 +724,7 @@ def test_cpu_attention_refusal_quotes_the_root_cause_not_a_stats_line(tmp_path, 
 
 
 def test_root_cause_from_log_takes_the_first_exception_of_the_core_traceback():
-    from dsparkhub.verify.vllm.backend import root_cause_from_log
+    from dsparkhub.verify.vllm.refusals import root_cause_from_log
 
     assert root_cause_from_log(_CORE_LOG) == (
         "ValueError: Head size 16 is not supported by the CPU attention backend; supported head sizes: "

@@ -101,7 +101,7 @@ def _vllm_drafter(target: Path, draft: Path, method: str, target_model):
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
-    from dsparkhub.verify.vllm.checks import build_drafter_model
+    from dsparkhub.verify.vllm.check_stages import build_drafter_model
 
     vllm_config = _vllm_config(target, draft, method)
     model, class_name = build_drafter_model(vllm_config)

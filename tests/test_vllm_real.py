@@ -20,7 +20,8 @@ from conftest import require  # noqa: E402
 require("vllm")
 
 from dsparkhub.errors import EngineUnavailableError  # noqa: E402
-from dsparkhub.verify.vllm.backend import VllmBackend, spec_counters_from_prometheus  # noqa: E402
+from dsparkhub.verify.vllm.counters import spec_counters_from_prometheus  # noqa: E402
+from dsparkhub.verify.vllm.offline import VllmBackend  # noqa: E402
 from dsparkhub.verify.vllm.checks import check_with_vllm  # noqa: E402
 
 # vLLM on CPU reserves VLLM_CPU_KVCACHE_SPACE GiB of KV cache; 1 GiB is plenty for these models.
@@ -186,7 +187,7 @@ def test_dflash_server_backend_against_real_vllm_serve(tiny, tmp_path):
     import time
     import urllib.request
 
-    from dsparkhub.verify.vllm.backend import VllmServerBackend
+    from dsparkhub.verify.vllm.server import VllmServerBackend
 
     port = _free_port()
     spec = json.dumps({"model": str(tiny["dflash"]), "method": "dflash", "num_speculative_tokens": 7})

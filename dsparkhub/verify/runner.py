@@ -1,9 +1,9 @@
 """Run a verify: validate, then per dataset the baseline and each ``num_speculative_tokens``, then the results file.
 
-This module owns the order of a verify run and the one place where backends are constructed by name
-(:func:`make_backend`, lazy imports, so ``dsparkhub verify --backend reference`` never imports vLLM and the CLI
-knows no engine details). It does not generate tokens itself (the backends do: ``reference.ReferenceEngine``,
-``vllm_backend``), compute metrics (``results``) or read prompt files (``prompts``).
+This module owns the order of a verify run; backends are constructed by name in
+:func:`dsparkhub.verify.engines.make_backend` (lazy imports, so ``dsparkhub verify --backend reference`` never imports
+vLLM and the CLI knows no engine details), from the :class:`~dsparkhub.verify.settings.VerifySettings` the CLI builds. It does not generate tokens itself (the backends do: ``reference.ReferenceEngine``,
+``vllm.offline`` / ``vllm.server``), compute metrics (``results``) or read prompt files (``prompts``).
 
 Order of a run (each step fails with a clear error before the next, more expensive, one starts):
 
@@ -26,157 +26,19 @@ from __future__ import annotations
 
 import inspect
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
-from dsparkhub.errors import (CheckpointFormatError, DsparkhubError, EngineUnavailableError, OutputExistsError,
+from dsparkhub.errors import (DsparkhubError, EngineUnavailableError, OutputExistsError,
                       OutputNotWritableError, ValidationFailedError, VerifyError)
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import public_name
-from dsparkhub.verify.results import (DEFAULT_SPREAD_LIMIT, METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results,
-                      target_fingerprint)
+from dsparkhub.verify.results.derive import build_results
+from dsparkhub.verify.results.identity import target_fingerprint
+from dsparkhub.verify.results.schema import METHODS, EngineInfo, ModelRef, Settings, VerifyResults
+from dsparkhub.verify.engines import SERVER_BACKENDS, check_engine_options, detect_method, make_backend
+from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
 from dsparkhub.verify.stats import Backend, RunStats
-
-BACKEND_NAMES = ("reference", "vllm", "vllm-serve", "sglang-serve")
-SERVER_BACKENDS = ("vllm-serve", "sglang-serve")
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    """How a verify run is timed: the concurrency axis and the repeats (the honest-timing settings).
-
-    Attributes:
-        concurrency: requests in flight together, each measured (``--concurrency 1,8,32``); every value >= 1.
-        repeats: timed repeats of every configuration (``--repeats``); speedups are medians of per-repeat ratios.
-        spread_limit: (max - min) / median of the per-repeat speedups above which a speedup is marked unreliable.
-        intra_op_threads: torch intra-op threads for the reference engine on CPU; None chooses by model size
-            (:func:`dsparkhub.torch_threads.threads_for`).
-    """
-
-    concurrency: tuple[int, ...] = (1,)
-    repeats: int = 1
-    spread_limit: float = DEFAULT_SPREAD_LIMIT
-    intra_op_threads: int | None = None
-
-    def checked(self) -> "LoadOptions":
-        """The options with ``concurrency`` sorted.
-
-        Raises:
-            VerifyArgumentError: a concurrency below 1 or repeated, repeats below 1, a negative spread limit or
-                thread count below 1.
-        """
-        cs = sorted(set(int(c) for c in self.concurrency))
-        if not cs or cs[0] < 1 or len(cs) != len(list(self.concurrency)):
-            raise VerifyArgumentError(f"concurrency must be distinct positive integers, found {list(self.concurrency)}")
-        if self.repeats < 1:
-            raise VerifyArgumentError(f"repeats must be at least 1, found {self.repeats}")
-        if self.spread_limit < 0:
-            raise VerifyArgumentError(f"spread_limit must be >= 0, found {self.spread_limit}")
-        if self.intra_op_threads is not None and self.intra_op_threads < 1:
-            raise VerifyArgumentError(f"intra_op_threads must be at least 1, found {self.intra_op_threads}")
-        return LoadOptions(tuple(cs), self.repeats, self.spread_limit, self.intra_op_threads)
-
-
-def detect_method(draft: str | Path) -> str:
-    """The speculative method of a drafter folder from its ``config.json``: ``dspark``, ``dflash`` or ``eagle3``.
-
-    Uses the same rules as the vLLM backend (``vllm_backend.method_for_drafter``: ``speculators_model_type``,
-    then DSpark / DFlash / Eagle3 architectures and config keys), so the results file and the engine agree. Never
-    guesses from the folder name (vLLM does, and loads a DSpark drafter stored under a path containing "dflash" as
-    DFlash; FORMATS.md §1).
-
-    Raises:
-        LayoutError: no readable ``config.json``, or nothing in it names a method.
-        CheckpointFormatError: the method found is not one a results file records (e.g. EAGLE-1).
-    """
-    from dsparkhub.io.checkpoint import resolve_step_dir
-    from dsparkhub.verify.vllm.backend import method_for_drafter  # stdlib-only module: vLLM itself is imported by its child
-
-    # a DeepSpec run folder: its step_latest (as every reader follows it)
-    method = method_for_drafter(resolve_step_dir(draft) if Path(draft).is_dir() else draft)
-    if method not in METHODS:
-        raise CheckpointFormatError(f"the drafter's method is {method!r}; dsparkhub verify records "
-                                    f"{', '.join(METHODS)}", path=draft, hint="pass --method to override")
-    return method
-
-
-def make_backend(name: str, *, target: str, draft: str, method: str, device: str | None = None,
-                 tensor_parallel_size: int = 1, max_model_len: int | None = None,
-                 compilation_config: dict | None = None, confidence_threshold: float | None = None,
-                 server_url: str | None = None, baseline_url: str | None = None) -> Backend:
-    """Construct a verify backend by name, importing its module only now.
-
-    Args:
-        name: ``reference`` (dsparkhub's PyTorch engine, CPU or CUDA), ``vllm`` (vLLM offline ``LLM`` in a child
-            process), ``vllm-serve`` (a running ``vllm serve`` at ``server_url``) or ``sglang-serve`` (a running SGLang
-            server, :mod:`dsparkhub.verify.sglang.backend`).
-        target / draft: target and drafter (folders, or what the engine accepts).
-        method: ``dspark`` | ``dflash`` | ``eagle3`` (always passed explicitly to vLLM).
-        device: ``cpu`` / ``cuda`` for the reference engine (None = its default).
-        tensor_parallel_size / max_model_len / compilation_config: vLLM engine settings.
-        confidence_threshold: proposal truncation threshold (reference engine).
-        server_url: base URL of ``vllm serve`` with the drafter (``vllm-serve`` only).
-        baseline_url: base URL of a ``vllm serve`` of the same target without a drafter (``vllm-serve`` only).
-
-    Raises:
-        EngineUnavailableError: unknown name, the engine's module is missing (vLLM not installed), or a setting the
-            chosen backend does not take.
-    """
-    _check_engine_options(name, device=device, tensor_parallel_size=tensor_parallel_size,
-                          confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url)
-    if name == "reference":
-        try:
-            from dsparkhub.verify.reference.engine import ReferenceEngine
-        except ImportError as exc:
-            raise EngineUnavailableError(f"the reference engine cannot be imported: {exc}") from exc
-        # The method is read by dsparkhub.verify.reference.modeling from the drafter config; the seed goes to each run.
-        return ReferenceEngine(target, draft, device=device or "cpu", confidence_threshold=confidence_threshold)
-    if name == "sglang-serve":
-        from dsparkhub.verify.sglang.backend import SglangServerBackend
-
-        return SglangServerBackend.from_options(server_url, baseline_url=baseline_url)
-    from dsparkhub.verify.vllm.backend import VllmBackend, VllmServerBackend
-
-    if name == "vllm":
-        return VllmBackend.from_options(target, draft, method=method, tensor_parallel_size=tensor_parallel_size,
-                                        max_model_len=max_model_len, compilation_config=compilation_config)
-    # A running server's settings were fixed at launch; TP / max_model_len / compilation config are recorded
-    # in the results as given, so give the values the servers were started with.
-    return VllmServerBackend.from_options(server_url, baseline_url=baseline_url)
-
-
-def _check_engine_options(name: str, *, device: str | None, tensor_parallel_size: int,
-                          confidence_threshold: float | None, server_url: str | None,
-                          baseline_url: str | None) -> None:
-    """Refuse a backend name or a setting the chosen backend does not take; ``run_verify`` calls this before any
-    model or prompt is loaded.
-
-    Raises:
-        EngineOptionError: naming the setting and the backend that takes it.
-    """
-    if name not in BACKEND_NAMES:
-        raise EngineOptionError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
-    if name not in SERVER_BACKENDS and (server_url or baseline_url):
-        raise EngineOptionError("--server-url / --baseline-url are only for --backend vllm-serve / sglang-serve")
-    if name == "reference":
-        if tensor_parallel_size != 1:
-            raise EngineOptionError(f"the reference engine runs on one device; --tp {tensor_parallel_size} needs "
-                                    "--backend vllm")
-        _check_torch_device(device)
-        return
-    if confidence_threshold is not None:
-        raise EngineOptionError("vLLM 0.32 has no confidence threshold (it offers adaptive verification, a cost "
-                                "model); drop --confidence-threshold or use --backend reference")
-    if device is not None:
-        raise EngineOptionError("--device is for the reference engine; vLLM picks its own device")
-    if name == "sglang-serve" and not server_url:
-        raise EngineOptionError("--backend sglang-serve needs --server-url (an SGLang server started with "
-                                "--speculative-algorithm DSPARK / DFLASH) and --baseline-url (the same target without)")
-    if name == "vllm-serve" and not server_url:
-        raise EngineOptionError("--backend vllm-serve needs --server-url (a `vllm serve` started with the drafter) "
-                                "and --baseline-url (the same target without a drafter)")
-
 
 def _warn_context_overflow(data, target: str, max_model_len: int | None, max_new_tokens: int,
                            warn: Callable[[str], None] | None) -> None:
@@ -201,30 +63,6 @@ def _warn_context_overflow(data, target: str, max_model_len: int | None, max_new
             warn(f"warning: {len(over)} prompt(s) of dataset {ds.name!r} plus {max_new_tokens} new tokens exceed the "
                  f"context of {limit} tokens (longest prompt {max(over)} tokens); vLLM refuses them and the "
                  "numbers past the context mean little")
-
-
-def _check_torch_device(device: str | None) -> None:
-    """A device the reference engine can use, checked before anything loads.
-
-    Raises:
-        EngineOptionError: not a torch device, or not cpu / cuda (usage errors).
-        EngineUnavailableError: cuda asked for, but this torch has no usable CUDA device.
-    """
-    if device is None:
-        return
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise EngineOptionError(f"--device {device!r} is not a torch device ({str(exc).splitlines()[0]})",
-                                hint="use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise EngineUnavailableError(f"--device {device}: this torch ({torch.__version__}) has no usable CUDA device",
-                                     hint="drop --device to run on the CPU, or install a CUDA build of torch")
-    if dev.type not in ("cpu", "cuda"):
-        raise EngineOptionError(f"--device {device}: the reference engine runs on cpu or cuda",
-                                hint="use cpu, cuda or cuda:N")
 
 
 def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callable[[str], None] | None = None,
@@ -283,33 +121,18 @@ def _run_one(backend: Backend, prompts: list[list[int]], *, n: int | None, max_n
     return stats
 
 
-def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend = "reference",
-               num_speculative_tokens: Sequence[int] = (3, 5, 7), datasets=None, max_new_tokens: int = 128,
-               temperature: float = 0.0, seed: int = 0, max_prompts: int | None = None, method: str | None = None,
-               device: str | None = None, tensor_parallel_size: int = 1, max_model_len: int | None = None,
-               compilation_config: dict | None = None, confidence_threshold: float | None = None,
-               server_url: str | None = None, baseline_url: str | None = None, out: str | Path | None = None,
-               overwrite: bool = False, progress: bool = True,
-               check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
-               validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None,
-               load: LoadOptions = LoadOptions()) -> VerifyResults:
+def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings = VerifySettings(), *,
+               backend: str | Backend = "reference", out: str | Path | None = None, overwrite: bool = False,
+               progress: bool = True, check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
+               validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None) -> VerifyResults:
     """Verify a drafter against its target and return (and optionally save) the results.
 
     Args:
         draft: drafter folder (converted, e.g. the output of ``dsparkhub convert``).
         target: target folder (or Hub repo id / served model name for the vLLM backends).
+        settings: what to measure and the engine settings (:class:`~dsparkhub.verify.settings.VerifySettings`:
+            n values, datasets, sampling, method, engine options, load), recorded in the results.
         backend: a backend name for :func:`make_backend`, or a ready :class:`Backend` (not closed here).
-        num_speculative_tokens: the n values to measure (each gets its own run per dataset).
-        datasets: ``--datasets`` specs (see ``prompts.parse_dataset_specs``); None = built-in smoke set.
-        max_new_tokens: generation cap per prompt.
-        temperature: 0 = greedy (lossless check on); > 0 samples and skips the lossless check.
-        seed: sampling seed.
-        max_prompts: cap per dataset.
-        method: ``dspark`` | ``dflash`` | ``eagle3``; detected from the drafter's config.json when None (a value
-            that contradicts the config is refused).
-        device, tensor_parallel_size, max_model_len, compilation_config, confidence_threshold, server_url,
-        baseline_url:
-            engine settings (see :func:`make_backend`), recorded in the results.
         out: write the results file here (atomically), also when the run is not lossless; checked before
             anything runs (:func:`check_results_path`).
         overwrite: replace an existing results file ``out``.
@@ -320,7 +143,6 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         validate_fn: replacement for the validation step ``(draft, target, n) -> None`` (tests).
         warn: called with one line per warning (validation, prompts longer than the context); the CLI prints
             them on stderr. They are also stored in the results' ``warnings``.
-        load: concurrency axis, repeats and threads (:class:`LoadOptions`; default one request at a time, once).
 
     Returns:
         The :class:`VerifyResults` (also written to ``out``).
@@ -336,24 +158,25 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         EngineUnavailableError / VerifyError raised mid-sweep: after ``out`` was written with the configurations
             measured so far and ``incomplete`` naming where it stopped.
     """
-    load = load.checked()
-    ns = sorted(set(int(n) for n in num_speculative_tokens))
-    if not ns or ns[0] < 1 or len(ns) != len(list(num_speculative_tokens)):
+    load = settings.load.checked()
+    method = settings.method
+    ns = sorted(set(int(n) for n in settings.num_speculative_tokens))
+    if not ns or ns[0] < 1 or len(ns) != len(list(settings.num_speculative_tokens)):
         raise VerifyArgumentError(f"num_speculative_tokens must be distinct positive integers, found "
-                        f"{list(num_speculative_tokens)}")
-    if temperature < 0:
-        raise VerifyArgumentError(f"temperature must be >= 0, found {temperature}")
-    if max_new_tokens < 1:
-        raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {max_new_tokens}")
+                        f"{list(settings.num_speculative_tokens)}")
+    if settings.temperature < 0:
+        raise VerifyArgumentError(f"temperature must be >= 0, found {settings.temperature}")
+    if settings.max_new_tokens < 1:
+        raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {settings.max_new_tokens}")
     if Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
         from dsparkhub.io.checkpoint import resolve_step_dir
 
         draft = resolve_step_dir(draft)
     draft, target = str(draft), str(target)
     if isinstance(backend, str):
-        _check_engine_options(backend, device=device, tensor_parallel_size=tensor_parallel_size,
-                              confidence_threshold=confidence_threshold, server_url=server_url,
-                              baseline_url=baseline_url)
+        check_engine_options(backend, device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
+                              confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
+                              baseline_url=settings.baseline_url)
         if backend != "reference" and max(load.concurrency) > 1:  # refused before any model loads
             raise EngineOptionError(f"backend {backend} runs one request at a time, so --concurrency "
                                     f"{max(load.concurrency)} is out of its reach; measure serving load with "
@@ -401,14 +224,15 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
 
     from dsparkhub.verify.prompts import load_datasets
 
-    data = load_datasets(datasets, target, max_prompts=max_prompts, tokenizer=tokenizer)
-    _warn_context_overflow(data, target, max_model_len, max_new_tokens, note)
+    data = load_datasets(settings.datasets, target, max_prompts=settings.max_prompts, tokenizer=tokenizer)
+    _warn_context_overflow(data, target, settings.max_model_len, settings.max_new_tokens, note)
 
     owned = isinstance(backend, str)
-    engine = make_backend(backend, target=target, draft=draft, method=method, device=device,
-                          tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
-                          compilation_config=compilation_config, confidence_threshold=confidence_threshold,
-                          server_url=server_url, baseline_url=baseline_url) if owned else backend
+    engine = make_backend(backend, target=target, draft=draft, method=method, device=settings.device,
+                          tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
+                          compilation_config=settings.compilation_config,
+                          confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
+                          baseline_url=settings.baseline_url) if owned else backend
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None
@@ -429,8 +253,9 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
                 desc = f"{ds.name} {label}" + (f" @{c}" if len(load.concurrency) > 1 else "") + \
                     (f" #{rep + 1}" if load.repeats > 1 else "")
                 try:
-                    st = _run_one(engine, ds.prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
-                                  seed=seed, progress=progress, desc=desc, concurrency=c)
+                    st = _run_one(engine, ds.prompts, n=n, max_new_tokens=settings.max_new_tokens,
+                                  temperature=settings.temperature, seed=settings.seed, progress=progress, desc=desc,
+                                  concurrency=c)
                 except (EngineUnavailableError, VerifyError) as exc:
                     stopped = exc
                     incomplete.append(f"stopped at {ds.name} {label}, concurrency {c}, repeat {rep + 1}: "
@@ -464,10 +289,11 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         target=ModelRef(id=public_name(target), fingerprint=target_fingerprint(target)),
         drafter=ModelRef(id=Path(draft).resolve().name if Path(draft).is_dir() else draft,
                          fingerprint=checkpoint_fingerprint(draft) if Path(draft).is_dir() else None),
-        settings=Settings(temperature=float(temperature), max_new_tokens=max_new_tokens, seed=seed,
-                          num_speculative_tokens=ns, tensor_parallel_size=tensor_parallel_size,
-                          max_model_len=max_model_len, compilation_config=compilation_config,
-                          confidence_threshold=confidence_threshold, batch_size=max(load.concurrency),
+        settings=Settings(temperature=float(settings.temperature), max_new_tokens=settings.max_new_tokens,
+                          seed=settings.seed,
+                          num_speculative_tokens=ns, tensor_parallel_size=settings.tensor_parallel_size,
+                          max_model_len=settings.max_model_len, compilation_config=settings.compilation_config,
+                          confidence_threshold=settings.confidence_threshold, batch_size=max(load.concurrency),
                           concurrency=list(load.concurrency), repeats=load.repeats,
                           order="interleaved" if interleaved else "configuration-outer",
                           spread_limit=load.spread_limit, intra_op_threads=threads),
@@ -504,7 +330,7 @@ def refuse_dspark_without_gpu(method: str | None) -> None:
     """
     if method != "dspark" or _cuda_available():
         return
-    from dsparkhub.verify.vllm.backend import refusal_paragraph
+    from dsparkhub.verify.vllm.refusals import refusal_paragraph
 
     raise EngineUnavailableError(refusal_paragraph(
         "Model Runner V1 does not support DSpark (no CUDA device here; refused before the baseline ran)",
@@ -551,13 +377,3 @@ def _set_threads(engine: Backend, threads: int | None) -> int | None:
     threads = threads or threads_for(engine.num_parameters())
     engine.threads = threads  # ReferenceEngine.run scopes torch's intra-op threads to this count
     return threads
-
-
-class VerifyArgumentError(DsparkhubError, ValueError):
-    """A verify argument is out of range (n values, temperature, max_new_tokens, method, results path); the CLI
-    reports it as a usage error (exit 2)."""
-
-
-class EngineOptionError(VerifyArgumentError, EngineUnavailableError):
-    """A backend name or a setting the chosen backend does not take (``--tp`` for the reference engine,
-    ``--device`` for vLLM, ``--backend vllm-serve`` without ``--server-url`` ...): a usage error (exit 2)."""

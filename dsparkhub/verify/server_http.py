@@ -1,7 +1,7 @@
 """One HTTP request to a running inference server (``vllm serve``, SGLang), with the errors dsparkhub reports.
 
 Owns only the request and its error mapping; what to send and how to read the answer stay with each backend
-(``vllm_backend.VllmServerBackend``, ``sglang_backend.SglangServerBackend``).
+(``dsparkhub.verify.vllm.server.VllmServerBackend``, ``sglang_backend.SglangServerBackend``).
 """
 
 from __future__ import annotations

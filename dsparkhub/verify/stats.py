@@ -2,7 +2,7 @@
 
 A *run* is one engine configuration (no drafter, or a drafter at one ``num_speculative_tokens``) generating for one
 dataset's prompts. Every backend (the reference PyTorch engine, vLLM offline, a running ``vllm serve``) returns a
-:class:`RunStats`; ``dsparkhub.verify.results`` turns pairs of them into the published numbers.
+:class:`RunStats`; ``dsparkhub.verify.results.derive`` turns pairs of them into the published numbers.
 
 Counter semantics follow vLLM 0.32 ``v1/spec_decode/metrics.py``: ``num_drafts`` counts verify steps that carried
 drafts, ``num_accepted_tokens`` excludes the bonus token, and ``accepted_per_pos[k]`` counts steps whose first

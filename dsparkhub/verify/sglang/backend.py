@@ -1,6 +1,6 @@
 """``verify --backend sglang-serve``: measure running SGLang 0.5.23 servers (native ``/generate`` + ``/metrics``).
 
-The same measurements as ``vllm-serve`` (:class:`dsparkhub.verify.vllm.backend.VllmServerBackend`): the drafter run
+The same measurements as ``vllm-serve`` (:class:`dsparkhub.verify.vllm.server.VllmServerBackend`): the drafter run
 goes to ``--server-url`` (``python -m sglang.launch_server ... --speculative-algorithm DSPARK``), the baseline to
 ``--baseline-url`` (the same target without a drafter); one request at a time (batch 1), tokens/s from wall clocks
 around the requests, lossless from the token ids.

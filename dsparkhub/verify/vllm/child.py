@@ -1,6 +1,6 @@
-"""The child process that runs vLLM for ``dsparkhub.verify.vllm.backend`` and ``dsparkhub.verify.vllm.checks``.
+"""The child process that runs vLLM for ``dsparkhub.verify.vllm.offline`` and ``dsparkhub.verify.vllm.checks``.
 
-Run as ``python -m dsparkhub.verify.vllm.child engine|check``. Protocol (see ``vllm_backend.ChildProcess``): each
+Run as ``python -m dsparkhub.verify.vllm.child engine|check``. Protocol (see ``dsparkhub.verify.vllm.process.ChildProcess``): each
 line on stdin is the path of a JSON request; the answer is written to ``<request without .json>.out.json``
 (temp file, then rename, so the parent never reads half a file). EOF on stdin ends the process. Exceptions are
 answered as ``{"error": {"type", "message", "stage", "traceback_tail"}}``; the parent turns known vLLM refusals into
@@ -116,7 +116,7 @@ class EngineSession:
         return outputs, times
 
     def run(self, request: dict) -> dict:
-        from dsparkhub.verify.vllm.backend import spec_counters_from_metrics
+        from dsparkhub.verify.vllm.counters import spec_counters_from_metrics
 
         self.stage = "generating"
         before = spec_counters_from_metrics(self.llm.get_metrics())
@@ -135,7 +135,7 @@ class CheckSession:
     stage = "checking"
 
     def handle(self, request: dict) -> dict:
-        from dsparkhub.verify.vllm.checks import run_checks
+        from dsparkhub.verify.vllm.check_stages import run_checks
 
         return run_checks(**request).to_dict()
 
@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
             tb = traceback.format_exc()
             reply = {"error": {"type": type(exc).__name__, "message": str(exc), "stage": session.stage,
                                "traceback_tail": tb[-3000:]}}
-            from dsparkhub.verify.vllm.backend import CHILD_EXCEPTION_MARKER
+            from dsparkhub.verify.vllm.process import CHILD_EXCEPTION_MARKER
 
             sys.stderr.write(f"{CHILD_EXCEPTION_MARKER}\n{tb}")
         _answer(path, reply)

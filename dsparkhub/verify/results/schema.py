@@ -1,0 +1,398 @@
+"""The schema ``dsparkhub.verify.results/2`` of one ``dsparkhub verify`` run: its pydantic dataclasses.
+
+The dataclasses are strict (``extra="forbid"``): :mod:`dsparkhub.verify.results.reading` reports every missing,
+unexpected or wrongly typed key in one error naming its key path and upgrades ``/1`` files in memory;
+:mod:`~dsparkhub.verify.results.derive` turns :class:`~dsparkhub.verify.stats.RunStats` into these objects (metric
+definitions there); :mod:`~dsparkhub.verify.results.table` renders them for the terminal. This module holds the
+types, their views and an atomic ``save``. It does not run engines (``runner``), read prompts (``prompts``) or
+render cards (``card``); a model card is generated from these files only.
+
+
+=========================================  ===================  ====================================================
+key                                        type                 meaning
+=========================================  ===================  ====================================================
+schema                                     str                  ``"dsparkhub.verify.results/2"`` (``/1`` is read)
+dsparkhub_version                          str                  version of dsparkhub that wrote the file
+date                                       str                  UTC ISO 8601 time the run finished
+method                                     str                  ``dspark`` | ``dflash`` | ``eagle3``
+engine.backend                             str                  ``reference`` | ``vllm`` | ``vllm-serve``
+engine.version                             str                  engine version (``vllm 0.32.0``)
+engine.device                              str                  what ran it, in words (``cpu (2 threads)``)
+target.id                                  str                  Hub repo id (a local folder's, when known), else the
+                                                                folder's name; never an absolute local path
+target.fingerprint                         str | null           :func:`target_fingerprint` of a local target
+drafter.id                                 str                  drafter folder name (or Hub repo / served name)
+drafter.fingerprint                        str | null           ``dsparkhub.io.hashing.checkpoint_fingerprint``
+settings.batch_size                        int                  1 (/1 files); /2: the largest concurrency
+settings.temperature                       float                sampling temperature (0 = greedy)
+settings.max_new_tokens                    int                  generation cap per prompt
+settings.seed                              int                  sampling seed
+settings.num_speculative_tokens            list[int]            the n values measured, ascending
+settings.tensor_parallel_size              int                  target tensor-parallel size
+settings.max_model_len                     int | null           engine context length
+settings.compilation_config                dict | null          vLLM compilation config (``null`` = engine default)
+settings.confidence_threshold              float | null         proposal truncation threshold (reference engine)
+settings.concurrency                  d    list[int]            requests in flight, ascending (/1: ``[1]``)
+settings.repeats                      d    int                  timed repeats per configuration (/1: 1)
+settings.order                        d    str                  ``interleaved`` | ``configuration-outer`` (/1:
+                                                                ``configuration-outer``)
+settings.spread_limit                 d    float                (max - min) / median of the per-repeat speedups
+                                                                above which a speedup is unreliable (/1: 0.2)
+settings.intra_op_threads             d    int | null           torch intra-op threads (reference engine on CPU)
+datasets[].name                            str                  dataset name (file stem or given name)
+datasets[].source                          str                  where the prompts came from (``name.jsonl (sha256
+                                                                0123..)``, ``builtin:x``, ``hub:o/n:file``)
+datasets[].baselines[]                d    Baseline             the run without the drafter, one per concurrency
+                                                                (/1: its ``baseline`` at concurrency 1)
+datasets[].runs[]                          RunResult            one per (n, concurrency)
+summary[]                                  SummaryRow           one per (n, concurrency)
+change                                     dict | null          {from_n, to_n, tau_delta, speedup_delta} of the
+                                                                summary means at the lowest concurrency, smallest
+                                                                to largest n (null if one n)
+load[]                                d    LoadRow              one per concurrency: the best n and whether the
+                                                                drafter pays there (/1: derived on reading)
+stops_paying_at                       d    int | null           lowest concurrency from which no reliable speedup
+                                                                is above 1 (null: pays everywhere, or unknown)
+lossless                                   bool | null          false if any run failed; null if none was checked
+incomplete                            d    list[str]            configurations not measured, one sentence each
+                                                                (server died, concurrency out of reach); ``[]``
+warnings                                   list[str]            the validation and prompt warnings printed when
+                                                                the run started, e.g. ``[DSH401] ...``
+=========================================  ===================  ====================================================
+
+``Baseline`` (``datasets[].baselines[]``): ``concurrency`` (int), ``prompts``, ``output_tokens`` (int),
+``wall_s`` (float, median over repeats), ``tokens_per_s`` (float, median), ``tokens_per_s_repeats`` (list[float],
+one per repeat, in order; /1: ``[tokens_per_s]``), ``latency`` (Latency | null).
+
+``Latency``: ``per_user_tokens_per_s_mean``, ``per_user_tokens_per_s_p50``, ``tpot_p50_ms``, ``tpot_p99_ms``,
+``ttft_p50_ms`` (float | null each; null when the backend does not time requests; /1: the object is null).
+
+``RunResult`` (``datasets[].runs[]``): ``num_speculative_tokens`` (int), ``concurrency`` (d, int; /1: 1),
+``prompts``, ``output_tokens`` (int), ``wall_s`` (float, median), ``num_drafts``, ``num_draft_tokens``,
+``num_accepted_tokens`` (int, raw vLLM-style counters of the first repeat), ``accepted_per_pos`` (list[int], length
+n), ``tau`` (float | null), ``per_position_acceptance`` (list[float], unconditional, length n),
+``conditional_acceptance`` (d, list[float], length n; /1: derived), ``draft_tokens_per_step`` (float | null),
+``tokens_per_s`` (float, median), ``tokens_per_s_repeats`` (d, list[float]), ``baseline_tokens_per_s`` (float, the
+same dataset's baseline at the same concurrency), ``speedup`` (float | null; null when the baseline timed
+nothing), ``speedup_repeats`` (d, list[float], per interleaved repeat), ``speedup_spread`` (d, float | null: (max -
+min) / median of ``speedup_repeats``, null with one repeat), ``unreliable`` (d, list[str]: why the timed figures
+are not to be trusted, ``[]`` when they are; /1: the latency-law check is applied on reading), ``latency`` (d,
+Latency | null), ``lossless`` (bool | null), ``first_mismatch`` ({prompt_index, position, expected, found} | null).
+
+``SummaryRow`` (``summary[]``): ``num_speculative_tokens``, ``concurrency`` (d), ``mean_tau``, ``mean_speedup``,
+``mean_per_position_acceptance`` (list[float]), ``mean_tokens_per_s`` (d, drafter total output tokens/s),
+``mean_baseline_tokens_per_s`` (d), ``mean_per_user_tokens_per_s`` (d, float | null), ``lossless`` (bool | null),
+``unreliable`` (d, list[str]: ``"dataset: reason"`` of every unreliable run at this (n, concurrency)).
+
+``LoadRow`` (``load[]``): ``concurrency``, ``best_n`` (int | null: the n with the highest reliable mean speedup,
+ties to the smaller n; null when no speedup there is reliable), ``best_speedup`` (float | null), ``pays`` (bool |
+null: ``best_speedup > 1``).
+
+In ``first_mismatch`` ``expected`` is the token without the drafter and ``found`` the token with it; either is
+``null`` where that output had already ended (one output is a strict prefix of the other).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass
+
+from dsparkhub.errors import LosslessMismatchError
+
+SCHEMA = "dsparkhub.verify.results/2"
+SCHEMA_V1 = "dsparkhub.verify.results/1"
+METHODS = ("dspark", "dflash", "eagle3")
+BACKENDS = ("reference", "vllm", "vllm-serve")
+ORDERS = ("interleaved", "configuration-outer")
+DEFAULT_SPREAD_LIMIT = 0.2
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+# ---- dataclasses ------------------------------------------------------------------------------------------------
+
+
+@dataclass(config=_STRICT)
+class Mismatch:
+    """First differing output token between the baseline and a drafter run (greedy decoding).
+
+    Attributes:
+        prompt_index: index of the prompt in its dataset (0-based).
+        position: index of the first differing generated token (0-based, prompt tokens excluded).
+        expected: token id generated without the drafter, None where that output had already ended.
+        found: token id generated with the drafter, None where that output had already ended.
+    """
+
+    prompt_index: int
+    position: int
+    expected: int | None
+    found: int | None
+
+
+@dataclass(config=_STRICT)
+class EngineInfo:
+    """Which engine produced the numbers: backend name, engine version, device in words."""
+
+    backend: str
+    version: str
+    device: str
+
+
+@dataclass(config=_STRICT)
+class ModelRef:
+    """A model's identity: ``id`` (folder path or Hub repo id) and a content fingerprint (None when not local)."""
+
+    id: str
+    fingerprint: str | None
+
+
+@dataclass(config=_STRICT)
+class Settings:
+    """Engine, sampling and timing settings every run of the file shares (see the module table)."""
+
+    temperature: float
+    max_new_tokens: int
+    seed: int
+    num_speculative_tokens: list[int]
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    compilation_config: dict | None = None
+    confidence_threshold: float | None = None
+    batch_size: int = 1
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    repeats: int = 1
+    order: str = "configuration-outer"
+    spread_limit: float = DEFAULT_SPREAD_LIMIT
+    intra_op_threads: int | None = None
+
+
+@dataclass(config=_STRICT)
+class Latency:
+    """Per-request timing percentiles of one run (milliseconds, tokens per second); None where not timed."""
+
+    per_user_tokens_per_s_mean: float | None = None
+    per_user_tokens_per_s_p50: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    ttft_p50_ms: float | None = None
+
+
+@dataclass(config=_STRICT)
+class Baseline:
+    """The run without the drafter for one dataset at one concurrency (timings are medians over repeats)."""
+
+    prompts: int
+    output_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    concurrency: int = 1
+    tokens_per_s_repeats: list[float] = field(default_factory=list)
+    latency: Latency | None = None
+
+
+@dataclass(config=_STRICT)
+class RunResult:
+    """One dataset x one ``num_speculative_tokens`` x one concurrency: counters, derived metrics, verdicts."""
+
+    num_speculative_tokens: int
+    prompts: int
+    output_tokens: int
+    wall_s: float
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_pos: list[int]
+    tau: float | None
+    per_position_acceptance: list[float]
+    draft_tokens_per_step: float | None
+    tokens_per_s: float
+    baseline_tokens_per_s: float
+    speedup: float | None
+    lossless: bool | None
+    first_mismatch: Mismatch | None = None
+    concurrency: int = 1
+    conditional_acceptance: list[float] = field(default_factory=list)
+    tokens_per_s_repeats: list[float] = field(default_factory=list)
+    speedup_repeats: list[float] = field(default_factory=list)
+    speedup_spread: float | None = None
+    unreliable: list[str] = field(default_factory=list)
+    latency: Latency | None = None
+
+    @property
+    def reliable(self) -> bool:
+        """True when no reason makes the timed figures unreliable."""
+        return not self.unreliable
+
+
+@dataclass(config=_STRICT)
+class DatasetResult:
+    """Every configuration measured on one dataset."""
+
+    name: str
+    source: str
+    baselines: list[Baseline]
+    runs: list[RunResult]
+
+    @property
+    def concurrencies(self) -> list[int]:
+        """Concurrencies measured on this dataset, ascending."""
+        return sorted({b.concurrency for b in self.baselines} | {r.concurrency for r in self.runs})
+
+    @property
+    def baseline(self) -> Baseline:
+        """The baseline at the lowest concurrency (the batch-1 view /1 files have)."""
+        return min(self.baselines, key=lambda b: b.concurrency)
+
+    def baseline_at(self, concurrency: int) -> Baseline | None:
+        """The baseline at ``concurrency``, or None."""
+        return next((b for b in self.baselines if b.concurrency == concurrency), None)
+
+    def run(self, n: int, concurrency: int | None = None) -> RunResult | None:
+        """The run at ``num_speculative_tokens == n`` and ``concurrency`` (None: the lowest measured), or None."""
+        if concurrency is None:
+            concurrency = self.concurrencies[0] if self.concurrencies else 1
+        return next((r for r in self.runs if r.num_speculative_tokens == n and r.concurrency == concurrency), None)
+
+
+@dataclass(config=_STRICT)
+class SummaryRow:
+    """Unweighted means over datasets at one ``num_speculative_tokens`` and one concurrency."""
+
+    num_speculative_tokens: int
+    mean_tau: float | None
+    mean_speedup: float | None
+    mean_per_position_acceptance: list[float]
+    lossless: bool | None
+    concurrency: int = 1
+    mean_tokens_per_s: float | None = None
+    mean_baseline_tokens_per_s: float | None = None
+    mean_per_user_tokens_per_s: float | None = None
+    unreliable: list[str] = field(default_factory=list)
+
+    @property
+    def reliable(self) -> bool:
+        """True when every run behind this row's speedup was reliable."""
+        return not self.unreliable
+
+
+@dataclass(config=_STRICT)
+class Change:
+    """Change of the summary means from the smallest to the largest n (``to - from``), lowest concurrency."""
+
+    from_n: int
+    to_n: int
+    tau_delta: float | None
+    speedup_delta: float | None
+
+
+@dataclass(config=_STRICT)
+class LoadRow:
+    """The best n at one concurrency (reliable speedups only) and whether the drafter pays there."""
+
+    concurrency: int
+    best_n: int | None
+    best_speedup: float | None
+    pays: bool | None
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (``os.umask`` sets it, which races with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+@dataclass(config=_STRICT)
+class VerifyResults:
+    """A whole results file (schema ``dsparkhub.verify.results/2``; see the module docstring for every key)."""
+
+    dsparkhub_version: str
+    date: str
+    method: str
+    engine: EngineInfo
+    target: ModelRef
+    drafter: ModelRef
+    settings: Settings
+    datasets: list[DatasetResult]
+    summary: list[SummaryRow]
+    change: Change | None
+    lossless: bool | None
+    warnings: list[str] = field(default_factory=list)
+    load: list[LoadRow] = field(default_factory=list)
+    stops_paying_at: int | None = None
+    incomplete: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    # -- views ---------------------------------------------------------------------------------------------------
+
+    def summary_at(self, concurrency: int | None = None) -> list[SummaryRow]:
+        """Summary rows at ``concurrency`` (None: the lowest measured), ascending n."""
+        if concurrency is None:
+            concurrency = self.settings.concurrency[0] if self.settings.concurrency else 1
+        return [r for r in self.summary if r.concurrency == concurrency]
+
+    def first_mismatch(self) -> tuple[str, RunResult] | None:
+        """(dataset name, run) of the first run whose greedy outputs differ from the baseline, or None."""
+        for ds in self.datasets:
+            for run in ds.runs:
+                if run.lossless is False:
+                    return ds.name, run
+        return None
+
+    def lossless_error(self) -> LosslessMismatchError | None:
+        """A :class:`LosslessMismatchError` describing the first mismatch, or None when every run was lossless."""
+        hit = self.first_mismatch()
+        if hit is None:
+            return None
+        name, run = hit
+        m = run.first_mismatch
+        assert m is not None  # set together with lossless=False by build_run_result
+        at = f", concurrency {run.concurrency}" if run.concurrency != 1 else ""
+        return LosslessMismatchError(
+            f"greedy output with the drafter (num_speculative_tokens={run.num_speculative_tokens}{at}) differs "
+            f"from the target alone on dataset {name!r}, prompt {m.prompt_index}, output position {m.position}: "
+            f"expected token {_tok(m.expected)}, found {_tok(m.found)}",
+            dataset=name, prompt_index=m.prompt_index, position=m.position, expected=m.expected, found=m.found,
+            hint="the speculative path is not lossless: check the drafter's block layout (anchor-first vs 1+N) and "
+                 "the engine's verify step; the results file records lossless=false",
+        )
+
+    # -- (de)serialisation ----------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable dict, keys in schema order (``schema`` first)."""
+        d = asdict(self)
+        return {"schema": d.pop("schema"), **d}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the file atomically (temp file in the same folder, fsync, rename); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a results file is as readable as any output
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+
+def _tok(t: int | None) -> str:
+    return "<end of output>" if t is None else str(t)

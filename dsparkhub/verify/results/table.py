@@ -1,0 +1,86 @@
+"""Terminal rendering of a results file: the per-concurrency summary tables and the serving-load table that
+``dsparkhub verify`` prints (library code never prints)."""
+
+from __future__ import annotations
+
+from dsparkhub.verify.results.derive import mean_of
+from dsparkhub.verify.results.schema import VerifyResults
+
+
+def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def format_summary_table(results: VerifyResults) -> str:
+    """A plain-text table per concurrency, dataset rows x n: ``τ / speedup / lossless``, plus the unweighted mean
+    row; an unreliable speedup carries ``?`` and its reason is listed below; with several concurrencies, a load
+    table (tokens/s, per-user tokens/s, TPOT, TTFT, best n) follows.
+
+    The CLI prints it after ``dsparkhub verify``; library code never prints.
+    """
+    ns = results.settings.num_speculative_tokens
+    cs = results.settings.concurrency
+    verdict = {True: "ok", False: "FAIL", None: "n/a"}
+    out: list[str] = []
+    reasons: list[str] = []
+    for c in cs:
+        head = ["dataset" if len(cs) == 1 else f"dataset @ concurrency {c}"] + \
+            [f"n={n}: tau / speedup / lossless" for n in ns]
+        rows = []
+        for ds in results.datasets:
+            cells = [ds.name]
+            for n in ns:
+                r = ds.run(n, c)
+                if r is not None and r.unreliable:
+                    reasons += [f"? {ds.name} n={n} concurrency {c}: {why}" for why in r.unreliable]
+                cells.append("-" if r is None else f"{_fmt(r.tau)} / {_fmt(r.speedup, '.2f', 'x')}"
+                             f"{'?' if r.unreliable else ''} / {verdict[r.lossless]}")
+            rows.append(cells)
+        mean = ["mean (unweighted)"]
+        for row in results.summary_at(c):
+            mean.append(f"{_fmt(row.mean_tau)} / {_fmt(row.mean_speedup, '.2f', 'x')}"
+                        f"{'?' if row.unreliable else ''} / {verdict[row.lossless]}")
+        rows.append(mean)
+        out += _table(head, rows) + [""]
+    if len(cs) > 1 or any(b.latency for ds in results.datasets for b in ds.baselines):
+        out += _table(*load_table(results)) + [""]
+    out += reasons
+    for row in results.load:
+        out.append(f"concurrency {row.concurrency}: best n = {row.best_n if row.best_n is not None else '-'}"
+                   + ("" if row.best_n is not None else " (no reliable speedup)"))
+    if results.stops_paying_at is not None:
+        out.append(f"the drafter does not pay from concurrency {results.stops_paying_at} on")
+    out += [f"incomplete: {line}" for line in results.incomplete]
+    return "\n".join(out).rstrip()
+
+
+def load_table(results: VerifyResults) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the serving-load view: per concurrency and configuration (baseline, each n) the unweighted
+    means over datasets of total tokens/s, per-user tokens/s (mean), TPOT p50 / p99, TTFT p50 (ms), τ and speedup."""
+    head = ["concurrency", "config", "tok/s", "user tok/s", "TPOT p50/p99 ms", "TTFT p50 ms", "tau", "speedup"]
+    rows = []
+
+    def lat(items, key):
+        return mean_of([getattr(x.latency, key) for x in items if x is not None and x.latency is not None])
+
+    for c in results.settings.concurrency:
+        bases = [ds.baseline_at(c) for ds in results.datasets]
+        rows.append([str(c), "baseline", _fmt(mean_of([b.tokens_per_s for b in bases if b]), ".1f"),
+                     _fmt(lat(bases, "per_user_tokens_per_s_mean"), ".1f"),
+                     f"{_fmt(lat(bases, 'tpot_p50_ms'), '.1f')} / {_fmt(lat(bases, 'tpot_p99_ms'), '.1f')}",
+                     _fmt(lat(bases, "ttft_p50_ms"), ".1f"), "-", "1.00x"])
+        for row in results.summary_at(c):
+            runs = [ds.run(row.num_speculative_tokens, c) for ds in results.datasets]
+            rows.append([str(c), f"n={row.num_speculative_tokens}", _fmt(row.mean_tokens_per_s, ".1f"),
+                         _fmt(lat(runs, "per_user_tokens_per_s_mean"), ".1f"),
+                         f"{_fmt(lat(runs, 'tpot_p50_ms'), '.1f')} / {_fmt(lat(runs, 'tpot_p99_ms'), '.1f')}",
+                         _fmt(lat(runs, "ttft_p50_ms"), ".1f"), _fmt(row.mean_tau),
+                         _fmt(row.mean_speedup, ".2f", "x") + ("?" if row.unreliable else "")])
+    return head, rows
