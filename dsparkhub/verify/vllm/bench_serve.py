@@ -11,7 +11,9 @@ Prompts file: vLLM's ``custom`` dataset (``benchmarks/datasets/datasets.py`` ``C
 each is decoded to text and sent with ``--skip-chat-template``; ``--disable-shuffle`` keeps file order, so the
 i-th per-request figure belongs to the i-th prompt. Every request generates exactly ``max_new_tokens``
 (``--ignore-eos``, ``--custom-output-len``), as vLLM's own benchmarks do: the token counts of the baseline and the
-drafter runs are then equal and tokens/s compare like for like.
+drafter runs are then equal and tokens/s compare like for like. No warm-up and no ready-check request
+(``--num-warmups 0 --ready-check-timeout-sec 0``: the caller has health-checked and warmed the server), so the
+``/metrics`` deltas read around the bench cover its requests exactly.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def bench_command(exe: Path, *, base_url: str, model: str, tokenizer: str, datas
         "--model", model, "--tokenizer", tokenizer, "--dataset-name", "custom", "--dataset-path", str(dataset),
         "--custom-output-len", str(int(output_len)), "--skip-chat-template", "--disable-shuffle",
         "--num-prompts", str(int(num_prompts)), "--max-concurrency", str(int(concurrency)),
-        "--request-rate", "inf", "--num-warmups", "0", "--ignore-eos", "--temperature", str(float(temperature)),
+        "--request-rate", "inf", "--num-warmups", "0", "--ready-check-timeout-sec", "0", "--ignore-eos", "--temperature", str(float(temperature)),
         "--seed", str(int(seed)), "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
         "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_filename,
         "--disable-tqdm")
