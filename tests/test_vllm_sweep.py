@@ -205,3 +205,15 @@ def test_check_reach_names_the_dataset():
     with pytest.raises(EngineUnavailableError, match="on a: it has 3 prompts"):
         sweep.check_reach([1, 4], [3, 9], ["a", "b"])
 
+
+
+def test_ctrl_c_mid_bench_stops_the_server(fake, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_bench", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _verify(fake, fake["tmp"] / "r.json")
+    assert (fake["tmp"] / "r.vllm" / "serve-baseline.log").is_file()
+    assert _no_server_left(fake["tmp"])
+    assert not serve._LIVE

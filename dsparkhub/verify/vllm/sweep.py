@@ -193,15 +193,15 @@ class VllmServeSweepBackend:
         url = self._url(n)
         what = "baseline" if n is None else f"n={n}"
         ids = VllmServerBackend(url, baseline_url=url, ignore_eos=True)
-        model = ids._model(url)
         key = (n, max_new_tokens, float(temperature), seed, tuple(tuple(p) for p in prompts))
-        if key not in self._outputs:
-            try:
+        try:
+            model = ids._model(url)
+            if key not in self._outputs:
                 self._outputs[key] = ids.run(prompts, num_speculative_tokens=n, max_new_tokens=max_new_tokens,
                                              temperature=temperature, seed=seed).outputs
-            except EngineUnavailableError:
-                self._check_alive(n, url, f"during the {what} token-id pass")
-                raise
+        except VerifyError:  # a dead server explains itself better than the refused request
+            self._check_alive(n, url, f"during the {what} token-id pass")
+            raise
         outputs = self._outputs[key]
         self._count += 1
         label = "baseline" if n is None else f"n{n}"
