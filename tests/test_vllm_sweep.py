@@ -31,7 +31,7 @@ class Tok:
 def fake(tmp_path, monkeypatch):
     exe = fake_vllm.install(tmp_path / "bin")
     monkeypatch.setenv(serve.VLLM_ENV_VAR, str(exe))
-    for var in ("FAKE_VLLM_DIE_AFTER", "FAKE_VLLM_MAX_RUNNING", "FAKE_VLLM_LOSSY"):
+    for var in ("FAKE_VLLM_DIE_AFTER", "FAKE_VLLM_MAX_RUNNING", "FAKE_VLLM_LOSSY", "FAKE_VLLM_DELAY"):
         monkeypatch.delenv(var, raising=False)
     draft = tmp_path / "dflash"
     draft.mkdir()
@@ -98,7 +98,7 @@ def test_sweep_through_run_verify(fake):
         assert run.tokens_per_s > 0 and run.baseline_tokens_per_s > 0 and run.speedup is not None
         assert run.tau == pytest.approx(2.0) and len(run.per_position_acceptance) == 3
         assert run.latency is not None and run.latency.ttft_p50_ms > 0 and run.latency.tpot_p50_ms > 0
-    # 0.3 s per request: at concurrency 4 the five requests take two rounds instead of five
+    # 0.1 s per request: at concurrency 4 the five requests take two rounds instead of five
     assert ds.run(3, 4).tokens_per_s > 1.5 * ds.run(3, 1).tokens_per_s
     assert (logs / "serve-baseline.log").read_text().startswith("$ ")
     assert "--speculative-config" in (logs / "serve-n3.log").read_text()
@@ -143,6 +143,7 @@ def test_concurrency_above_prompts_refused_before_any_server(fake):
 
 def test_concurrency_the_server_does_not_reach(fake, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_MAX_RUNNING", "2")
+    monkeypatch.setenv("FAKE_VLLM_DELAY", "0.5")  # long enough (> 1 s) for the server to be judged
     out = fake["tmp"] / "r.json"
     with pytest.raises(VerifyError) as info:
         _verify(fake, out)

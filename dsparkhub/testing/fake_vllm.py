@@ -8,7 +8,8 @@ JSON in vLLM 0.32's keys. Misbehaviour on request, through the environment:
 
 * ``FAKE_VLLM_DIE_AFTER=K``: a server *with* a drafter exits after answering K completions;
 * ``FAKE_VLLM_MAX_RUNNING=M``: the server runs at most M requests at once (the rest queue);
-* ``FAKE_VLLM_LOSSY=1``: the drafter server changes one output token.
+* ``FAKE_VLLM_LOSSY=1``: the drafter server changes one output token;
+* ``FAKE_VLLM_DELAY=S``: seconds each request takes (default 0.1).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def serve(argv: list[str]) -> None:
             with gate:
                 with lock:
                     state["running"] += 1
-                time.sleep(0.3)
+                time.sleep(float(os.environ.get("FAKE_VLLM_DELAY", "0.1")))
                 out = [(sum(ids) + 7 * i) % 101 for i in range(int(req["max_tokens"]))]
                 if spec and os.environ.get("FAKE_VLLM_LOSSY") and out:
                     out[-1] = (out[-1] + 1) % 101

