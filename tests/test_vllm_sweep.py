@@ -218,3 +218,16 @@ def test_ctrl_c_mid_bench_stops_the_server(fake, monkeypatch):
     assert (fake["tmp"] / "r.vllm" / "serve-baseline.log").is_file()
     assert _no_server_left(fake["tmp"])
     assert not serve._LIVE
+
+
+def test_bench_without_pandas_is_one_paragraph(tmp_path):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 1\n")  # an interpreter that imports nothing
+    python.chmod(0o755)
+    exe = tmp_path / "vllm"
+    exe.write_text(f"#!{python}\n")
+    exe.chmod(0o755)
+    with pytest.raises(EngineUnavailableError) as info:
+        serve.check_bench_dependencies(exe)
+    text = str(info.value)
+    assert "has no pandas" in text and "pip install pandas" in text and "\n" not in text

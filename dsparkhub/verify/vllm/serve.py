@@ -34,7 +34,8 @@ from typing import Any, Sequence
 
 from dsparkhub.errors import EngineUnavailableError
 
-__all__ = ["ServeProcess", "display", "find_vllm", "free_port", "vllm_command", "VLLM_ENV_VAR"]
+__all__ = ["ServeProcess", "check_bench_dependencies", "display", "find_vllm", "free_port", "vllm_command",
+           "VLLM_ENV_VAR"]
 
 VLLM_ENV_VAR = "DSPARKHUB_VLLM"  # path of the `vllm` executable to use instead of the one found
 
@@ -111,6 +112,30 @@ def vllm_command(exe: Path, *args: str) -> list[str]:
     if python is None:
         return [str(exe), *args]
     return [python, "-c", _SHIM, str(exe), *args]
+
+
+def check_bench_dependencies(exe: Path) -> None:
+    """Refuse early when ``vllm bench serve`` could not read its ``custom`` prompts file.
+
+    vLLM 0.32 reads ``--dataset-name custom`` JSONL with pandas, an optional dependency (vLLM's ``bench`` extra);
+    without it the bench dies after the first server has started, with an unrelated ``PackageNotFoundError``.
+
+    Raises:
+        EngineUnavailableError: the interpreter of ``exe`` cannot import pandas (one paragraph).
+    """
+    python = _interpreter(exe)
+    if python is None:
+        return  # not a Python script: nothing to ask
+    try:
+        ok = subprocess.run([python, "-c", "import pandas"], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        raise EngineUnavailableError(
+            f"`vllm bench serve` ({exe}) cannot read its prompts file: its Python ({python}) has no pandas. Why: "
+            f"vLLM 0.32 reads the `custom` JSONL dataset dsparkhub writes with pandas, which only vLLM's `bench` "
+            f"extra installs. What to do: `{python} -m pip install pandas` (or `pip install 'vllm[bench]'`, or "
+            f"`pip install 'dsparkhub[vllm]'`), then rerun.")
 
 
 def display(argv: Sequence[str]) -> str:

@@ -31,7 +31,7 @@ from typing import Sequence
 from dsparkhub.errors import EngineUnavailableError, VerifyError
 from dsparkhub.verify.stats import RunStats
 from dsparkhub.verify.vllm.bench_serve import BenchResult, bench_command, run_bench, write_prompts_file
-from dsparkhub.verify.vllm.serve import ServeProcess, find_vllm
+from dsparkhub.verify.vllm.serve import ServeProcess, check_bench_dependencies, find_vllm
 
 __all__ = ["VllmServeSweepBackend", "check_reach", "sweep_backend"]
 
@@ -71,7 +71,7 @@ class VllmServeSweepBackend:
         tokenizer: decodes the prompts' token ids to the bench's text prompts (None: the target's, loaded lazily).
 
     Raises:
-        EngineUnavailableError: no ``vllm`` executable.
+        EngineUnavailableError: no ``vllm`` executable, or its Python lacks pandas (which the bench needs).
     """
 
     interleaves = False  # one server per configuration: configuration-outer
@@ -84,6 +84,7 @@ class VllmServeSweepBackend:
         from dsparkhub.verify.vllm.backend import vllm_version
 
         self.exe = find_vllm(vllm)
+        check_bench_dependencies(self.exe)
         self.target, self.drafter, self.method = str(target), (str(drafter) if drafter else None), method
         self.owned = server_url is None
         self.name = "vllm" if self.owned else "vllm-serve"
