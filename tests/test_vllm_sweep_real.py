@@ -49,11 +49,16 @@ def test_dflash_sweep_with_vllm_serve_and_vllm_bench_serve(example, tmp_path):
         assert run.latency.ttft_p50_ms > 0 and run.latency.tpot_p50_ms > 0
         assert base.latency.per_user_tokens_per_s_mean > 0
     assert res.lossless is True and res.settings.concurrency == [1, 4]
-    # our /metrics deltas and vLLM's own (in the bench's result JSON) count the same drafts
-    last = json.loads((logs / "bench-n3-c4-4.json").read_text())
+    # the figures are vLLM's own: the bench's result JSON says the same, and its /metrics deltas count our drafts
+    last, run4 = json.loads((logs / "bench-n3-c4-4.json").read_text()), ds.run(3, 4)
     assert last["max_concurrency"] == 4 and last["completed"] == 8
-    assert last["spec_decode_num_drafts"] == ds.run(3, 4).num_drafts
-    assert last["spec_decode_accepted_tokens"] == ds.run(3, 4).num_accepted_tokens
+    assert last["spec_decode_num_drafts"] == run4.num_drafts
+    assert last["spec_decode_accepted_tokens"] == run4.num_accepted_tokens
+    assert run4.tau == pytest.approx(last["spec_decode_acceptance_length"], rel=1e-9)
+    assert run4.tokens_per_s == pytest.approx(last["output_throughput"], rel=1e-9)
+    assert run4.latency.ttft_p50_ms == pytest.approx(last["median_ttft_ms"], rel=1e-9)
+    assert run4.latency.tpot_p50_ms == pytest.approx(last["median_tpot_ms"], rel=1e-9)
+    assert run4.latency.tpot_p99_ms == pytest.approx(last["p99_tpot_ms"], rel=1e-9)
     assert "speculative-config" in (logs / "serve-n3.log").read_text()
     assert "Application startup complete" in (logs / "serve-baseline.log").read_text()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
