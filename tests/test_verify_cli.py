@@ -543,10 +543,12 @@ def test_vllm_dspark_on_cpu_is_refused_before_the_baseline(setup, tmp_path, monk
                       backend="vllm", progress=False, validate_fn=no_validate)
     assert built == ["vllm"]
 def test_cli_verify_concurrency_out_of_reach_exit_2(setup):
-    """vLLM backends here time one request at a time: --concurrency 8 is refused before anything loads."""
+    """The SGLang server backend times one request at a time: --concurrency 8 is refused before anything loads
+    (the vLLM backends measure it with `vllm serve` + `vllm bench serve`: tests/test_vllm_sweep.py)."""
     draft, target, prompts = setup
-    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--backend", "vllm",
-                                    "--concurrency", "1,8", "--datasets", str(prompts), "--quiet"])
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--backend", "sglang-serve",
+                                    "--server-url", "http://127.0.0.1:9", "--concurrency", "1,8",
+                                    "--datasets", str(prompts), "--quiet"])
     assert res.exit_code == 2 and "runs one request at a time, so --concurrency 8 is out of its reach" in res.output
     res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--concurrency", "0"])
     assert res.exit_code == 2 and "distinct positive integers" in res.output

@@ -177,7 +177,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
         check_engine_options(backend, device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
                               confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
                               baseline_url=settings.baseline_url)
-        if backend != "reference" and max(load.concurrency) > 1:  # refused before any model loads
+        if backend == "sglang-serve" and max(load.concurrency) > 1:  # refused before any model loads
             raise EngineOptionError(f"backend {backend} runs one request at a time, so --concurrency "
                                     f"{max(load.concurrency)} is out of its reach; measure serving load with "
                                     "--backend reference (batched decoding)", hint="drop --concurrency")
@@ -228,11 +228,22 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     _warn_context_overflow(data, target, settings.max_model_len, settings.max_new_tokens, note)
 
     owned = isinstance(backend, str)
-    engine = make_backend(backend, target=target, draft=draft, method=method, device=settings.device,
-                          tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
-                          compilation_config=settings.compilation_config,
-                          confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
-                          baseline_url=settings.baseline_url) if owned else backend
+    if owned and backend in ("vllm", "vllm-serve") and load.concurrency != (1,):  # vllm serve + vllm bench serve
+        from dsparkhub.verify.vllm.sweep import sweep_backend
+
+        engine = sweep_backend(backend, target=target, draft=draft, method=method, concurrency=load.concurrency,
+                               prompts_per_dataset=[len(ds.prompts) for ds in data],
+                               dataset_names=[ds.name for ds in data], out=out,
+                               tensor_parallel_size=settings.tensor_parallel_size,
+                               max_model_len=settings.max_model_len, compilation_config=settings.compilation_config,
+                               server_url=settings.server_url, baseline_url=settings.baseline_url,
+                               tokenizer=tokenizer)
+    else:
+        engine = make_backend(backend, target=target, draft=draft, method=method, device=settings.device,
+                              tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
+                              compilation_config=settings.compilation_config,
+                              confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
+                              baseline_url=settings.baseline_url) if owned else backend
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None
