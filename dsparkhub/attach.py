@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsparkhub import __version__
-from dsparkhub.io.checkpoint import ATTACH_RECORD, INDEX_NAME, file_identity, open_checkpoint, parse_header_bytes
+from dsparkhub.io.attach_record import ATTACH_RECORD, file_identity
+from dsparkhub.io.checkpoint import INDEX_NAME, open_checkpoint
+from dsparkhub.io.header import parse_header_bytes
 from dsparkhub.errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
 from dsparkhub.io.hashing import sha256_file
 from dsparkhub.layouts.recipes import OpenedDraft, get_recipe, open_draft

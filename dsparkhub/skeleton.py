@@ -27,7 +27,8 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dsparkhub.io.checkpoint import DTYPE_BITS, INDEX_NAME
+from dsparkhub.io.checkpoint import INDEX_NAME
+from dsparkhub.io.header import DTYPE_BITS
 from dsparkhub.errors import ManifestError
 from dsparkhub.layouts.families import evaluate
 from dsparkhub.layouts.manifests import ReleaseManifest, TargetManifest, get_manifest

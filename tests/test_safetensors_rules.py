@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dsparkhub.io.checkpoint import _decode_header, _decode_header_strict, parse_header_bytes, read_header, read_index
+from dsparkhub.io.checkpoint import read_index
+from dsparkhub.io.header import _decode_header, _decode_header_strict, parse_header_bytes, read_header
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError
 

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dsparkhub.io import writer
-from dsparkhub.io.checkpoint import read_header
+from dsparkhub.io.header import read_header
 from dsparkhub.errors import CheckpointFormatError
 from dsparkhub.io.writer import SourceBytes, write_safetensors
 

@@ -42,7 +42,8 @@ from huggingface_hub.lfs import post_lfs_batch_info
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects
 
 from dsparkhub import __version__
-from dsparkhub.io.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, parse_header_bytes
+from dsparkhub.io.checkpoint import INDEX_NAME, Checkpoint
+from dsparkhub.io.header import TensorInfo, parse_header_bytes
 from dsparkhub.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -235,7 +236,7 @@ def local_files(draft_dir: str | Path, left_out: dict[str, str] | None = None) -
 
 
 def _left_out_reason(rel: Path) -> str | None:
-    from dsparkhub.io.checkpoint import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
+    from dsparkhub.io.safety import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
 
     if any(part.startswith(".") for part in rel.parts) and rel.as_posix() != ".gitattributes":
         return "dotfile: may hold local settings or secrets"

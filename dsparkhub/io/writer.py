@@ -339,7 +339,7 @@ def _layout(entries: list[tuple]) -> list[tuple]:
     tensors by decreasing element size, when that keeps every tensor aligned to its element size (then a shard that
     renames the tensors of one source file copies its data as a few large ranges, like ``cp``); otherwise decreasing
     element size throughout, as the ``safetensors`` library does (stable: the given order kept within a size)."""
-    from dsparkhub.io.checkpoint import DTYPE_BITS
+    from dsparkhub.io.header import DTYPE_BITS
 
     copies = sorted((e for e in entries if isinstance(e[4], SourceBytes)), key=lambda e: (e[4].path, e[4].start))
     computed = sorted((e for e in entries if not isinstance(e[4], SourceBytes)), key=lambda e: -DTYPE_BITS[e[1]])

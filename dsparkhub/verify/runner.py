@@ -90,7 +90,7 @@ def detect_method(draft: str | Path) -> str:
         LayoutError: no readable ``config.json``, or nothing in it names a method.
         CheckpointFormatError: the method found is not one a results file records (e.g. EAGLE-1).
     """
-    from dsparkhub.io.checkpoint import resolve_step_dir
+    from dsparkhub.layouts.deepspec_run import resolve_step_dir
     from dsparkhub.verify.vllm.backend import method_for_drafter  # stdlib-only module: vLLM itself is imported by its child
 
     # a DeepSpec run folder: its step_latest (as every reader follows it)
@@ -346,7 +346,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     if max_new_tokens < 1:
         raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {max_new_tokens}")
     if Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
-        from dsparkhub.io.checkpoint import resolve_step_dir
+        from dsparkhub.layouts.deepspec_run import resolve_step_dir
 
         draft = resolve_step_dir(draft)
     draft, target = str(draft), str(target)
