@@ -107,7 +107,6 @@ def read_index(path: str | Path) -> dict:
     return data
 
 
-
 class LazyTensors(Mapping):
     """``{tensor name: TensorInfo}`` of a sharded checkpoint whose shard headers are parsed on first use.
 
@@ -242,7 +241,6 @@ class Checkpoint:
         info = self.tensors[name]
         with safe_open(str(self.file_path(info)), framework="pt") as f:
             return f.get_tensor(name)
-
 
 
 def open_checkpoint(path: str | Path, *, require_config: bool = True, lazy: bool = False,

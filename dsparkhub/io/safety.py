@@ -36,7 +36,6 @@ def refuse_special(path: Path) -> None:
         raise CheckpointFormatError("not a regular file (a device, FIFO or socket); refusing to read it", path=path)
 
 
-
 def safe_member(folder: Path, rel: str, what: str) -> Path:
     """Resolve ``rel`` (a shard name from an index or a folder listing; ``what`` names its source in messages) inside
     ``folder``, refusing absolute paths, ``..`` and symlinks that leave the folder.
@@ -66,7 +65,6 @@ def safe_member(folder: Path, rel: str, what: str) -> Path:
         raise UnsafeCheckpointError(f"{what} {rel!r} is a link that resolves outside the checkpoint folder "
                                     f"(to {real})", path=folder)
     return path
-
 
 
 def _hf_cache_blob(root: Path, real: Path) -> bool:

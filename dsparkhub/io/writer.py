@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsparkhub.errors import CheckpointFormatError, OutputExistsError
+from dsparkhub.io.sharding import plan_shards
 
 SHARD_SLACK = 256 << 20
 #: bytes copied per step; each step's output is handed to the kernel's write-back at once (see _copy_range)
@@ -563,7 +564,8 @@ def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], obje
         items: ``(name, nbytes, load)`` triples in output order; ``load()`` returns a ``torch.Tensor`` (computed
             tensors) or a :class:`SourceBytes` (plain copies, streamed file to file without entering memory) and is
             called only when its shard is about to be written.
-        max_shard_bytes: shard size cap; default = the largest tensor + 256 MiB.
+        max_shard_bytes: shard size cap; default = the largest tensor + 256 MiB. Grouping:
+            :func:`dsparkhub.io.sharding.plan_shards`.
         metadata: safetensors ``__metadata__`` (``{"format": "pt"}`` is always set).
 
     Returns:
@@ -577,14 +579,8 @@ def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], obje
     """
     items = list(items)
     cap = max_shard_bytes or (max((n for _, n, _ in items), default=0) + SHARD_SLACK)
-    groups: list[list[tuple[str, int, Callable]]] = [[]]
-    size = 0
-    for item in items:
-        if groups[-1] and size + item[1] > cap:
-            groups.append([])
-            size = 0
-        groups[-1].append(item)
-        size += item[1]
+    by_name = {item[0]: item for item in items}
+    groups = [[by_name[n] for n in shard] for shard in plan_shards([(n, nb) for n, nb, _ in items], cap)]
     meta = {"format": "pt", **(metadata or {})}
     names = (["model.safetensors"] if len(groups) == 1 else
              [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
