@@ -42,8 +42,8 @@ from dsparkhub.io.hashing import sha256_file
 from dsparkhub.io.sharding import plan_shards
 from dsparkhub.layouts.recipes import OpenedDraft, get_recipe, open_draft
 from dsparkhub.target import target_from_checkpoint
-from dsparkhub.io.writer import (SourceBytes, atomic_output, background_flush, refuse_overlap, write_file, write_json,
-                     write_safetensors, write_shards)
+from dsparkhub.io.output import atomic_output, background_flush, refuse_overlap, write_json
+from dsparkhub.io.writer import SourceBytes, write_file, write_safetensors, write_shards
 
 DRAFT_SHARD = "model-dspark-{k:05d}-of-{n:05d}.safetensors"
 #: target model types whose config vLLM reads ``dspark_*`` keys from (V4 DSpark, vLLM 0.32 / dspark-vllm overlay)

@@ -38,7 +38,8 @@ from dsparkhub.layouts.recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, blo
                       resolve_output_recipe, write_config)
 from dsparkhub.target import TargetSpec, open_target
 from dsparkhub.validate import Finding, ValidationReport, validate
-from dsparkhub.io.writer import SourceBytes, atomic_output, refuse_overlap, write_json, write_shards
+from dsparkhub.io.output import atomic_output, refuse_overlap, write_json
+from dsparkhub.io.writer import SourceBytes, write_shards
 
 PROVENANCE_NAME = "dsparkhub_provenance.json"
 SHARED_WITH_TARGET = {"embed_tokens.weight": "embed", "lm_head.weight": "lm_head"}
