@@ -64,7 +64,7 @@ class SourceBytes:
 
     @classmethod
     def of(cls, path: str | Path, info) -> "SourceBytes":
-        """The bytes of a tensor a checkpoint reader described (``dsparkhub.io.checkpoint.TensorInfo``: ``start``
+        """The bytes of a tensor a checkpoint reader described (``dsparkhub.io.header.TensorInfo``: ``start``
         from the start of the file, ``nbytes``, ``dtype``, ``shape``) in the file ``path`` that holds it."""
         return cls(str(path), info.start, info.nbytes, info.dtype, info.shape)
 
