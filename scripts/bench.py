@@ -63,8 +63,8 @@ from bench_validate import bench_index, bench_validate
 from bench_verify import bench_verify
 
 
-BENCHES = {"validate": bench_validate, "index": bench_index, "convert": bench_convert, "attach": bench_attach, "hash": bench_hash,
-           "push": bench_push, "verify": bench_verify}
+BENCHES = {"validate": bench_validate, "index": bench_index, "convert": bench_convert, "attach": bench_attach,
+           "hash": bench_hash, "push": bench_push, "verify": bench_verify}
 
 
 def main(argv: list[str] | None = None) -> int:

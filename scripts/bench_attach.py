@@ -9,7 +9,8 @@ import shutil
 import time
 from pathlib import Path
 
-from bench_common import PY, Run, _file_state, _header_end, _spread, cache_note, dir_bytes, drop_caches_of, fmt_b, load_note, median_run, report, resident_bytes, sync_files, timed_shell
+from bench_common import (PY, Run, file_state, header_end, spread, cache_note, dir_bytes, drop_caches_of, fmt_b,
+                          load_note, median_run, report, resident_bytes, sync_files, timed_shell)
 from bench_fixtures import make_v4_pair, v4_real_drafter
 
 
@@ -55,8 +56,8 @@ def bench_attach(work: Path, size: str) -> None:
     print(f"\n== attach: {fmt_b(dbytes)} drafter ({ntensors:,} tensors, real bytes) into a {fmt_b(tbytes)} "
           f"DeepSeek-V4-Flash-sized target ({len(shards)} shards, sparse); {cache_note()}, outputs fsynced "
           f"({load_note()})")
-    before = _file_state(target)
-    skip = {p: _header_end(p) for p in shards}
+    before = file_state(target)
+    skip = {p: header_end(p) for p in shards}
     # median of 5 interleaved runs each: cp's own time varies by up to 3x on this disk
     cps, ats = _attach_vs_cp(work, target, draft, 1 if size == "tiny" else 5)
     best_cp, best_at = median_run(cps), median_run(ats)
@@ -66,17 +67,17 @@ def bench_attach(work: Path, size: str) -> None:
     beyond = sum(max(0, resident_bytes(p, skip[p] + read_ahead)) for p in shards)
     ratio = best_at.wall / best_cp.wall
     report("attach", f"attach {best_at.wall:.2f} s = {ratio:.2f}x writing the drafter alone (medians of "
-           f"{len(ats)} interleaved runs; attach {_spread(ats)})",
-           f"cp -r drafter {best_cp.wall:.2f} s ({_spread(cps)}); target <= 1.2x", ratio <= 1.2)
+           f"{len(ats)} interleaved runs; attach {spread(ats)})",
+           f"cp -r drafter {best_cp.wall:.2f} s ({spread(cps)}); target <= 1.2x", ratio <= 1.2)
     if draft != small_draft:
         cps1, ats1 = _attach_vs_cp(work, target, small_draft, 5)
         c1, a1 = median_run(cps1), median_run(ats1)
         report("attach", f"fixed cost, seen with a {fmt_b(dir_bytes(small_draft))} drafter: attach {a1.wall:.2f} s "
-               f"({_spread(ats1)}) = cp + {a1.wall - c1.wall:.2f} s = {a1.wall / c1.wall:.2f}x; "
+               f"({spread(ats1)}) = cp + {a1.wall - c1.wall:.2f} s = {a1.wall / c1.wall:.2f}x; "
                f"{(a1.wall - c1.wall) / best_cp.wall:.0%} of the real-size cp",
-               f"cp -r {c1.wall:.2f} s ({_spread(cps1)}); information: Python start-up and the target's index "
+               f"cp -r {c1.wall:.2f} s ({spread(cps1)}); information: Python start-up and the target's index "
                "are paid once", None)
-    after = _file_state(target)
+    after = file_state(target)
     changed = sorted(k for k in before if before[k] != after.get(k)) + sorted(set(after) - set(before))
     report("attach", f"target data read: {fmt_b(beyond)} beyond each header + read-ahead window "
            f"({fmt_b(resident)} resident incl. kernel read-ahead of {read_ahead >> 10} KiB after headers); "

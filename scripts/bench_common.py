@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Shared machinery of the benchmarks (``scripts/bench.py``): child processes timed through ``/usr/bin/time``, page-cache
-control, the result table and its PASS / MISS marks.
+"""Shared machinery of the benchmarks (``scripts/bench.py``): child processes timed through ``/usr/bin/time``,
+page-cache control, the result table and its PASS / MISS marks.
 """
 
 from __future__ import annotations
@@ -239,15 +239,15 @@ def resident_bytes(path: Path, skip: int) -> int:
         os.close(fd)
 
 
-def _file_state(folder: Path) -> dict:
+def file_state(folder: Path) -> dict:
     return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_blocks, p.stat().st_ino)
             for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def _header_end(path: Path) -> int:
+def header_end(path: Path) -> int:
     with open(path, "rb") as f:
         return 8 + struct.unpack("<Q", f.read(8))[0]
 
 
-def _spread(runs: list[Run]) -> str:
+def spread(runs: list[Run]) -> str:
     return f"{min(r.wall for r in runs):.2f}-{max(r.wall for r in runs):.2f} s"

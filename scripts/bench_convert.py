@@ -11,14 +11,16 @@ import struct
 from pathlib import Path
 
 from bench_common import busy, cache_note, dir_bytes, dsparkhub_cli, fmt_b, load_note, median_run, report, timed_shell
-from bench_fixtures import _nbytes, make_qwen3_pair
+from bench_fixtures import make_qwen3_pair
+
+from dsparkhub.io.header import tensor_nbytes
 
 
 def bench_convert(work: Path, size: str) -> None:
     """convert (DeepSpec -> vLLM layout) of a drafter with real bytes vs ``cp -r`` of the same files."""
     target, draft = make_qwen3_pair(work, size)
     nbytes = dir_bytes(draft)
-    largest = max(_nbytes(d, s) for d, s in
+    largest = max(tensor_nbytes(d, s) for d, s in
                   ((v["dtype"], v["shape"]) for k, v in json.loads(
                       (draft / "model.safetensors").open("rb").read(8 + struct.unpack(
                           "<Q", (draft / "model.safetensors").open("rb").read(8))[0])[8:]).items()

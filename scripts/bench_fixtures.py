@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench_common import dsparkhub_cli, run_child
 
-from dsparkhub.io.header import tensor_nbytes as _nbytes
+from dsparkhub.io.header import tensor_nbytes
 from dsparkhub.skeleton import SkeletonTensor, write_sparse_safetensors
 
 
@@ -28,14 +28,14 @@ def write_skeleton(folder: Path, config: dict, tensors: list[tuple[str, str, tup
     """
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    total = sum(_nbytes(d, s) for _, d, s in tensors)
+    total = sum(tensor_nbytes(d, s) for _, d, s in tensors)
     per = total / shards
     groups: list[list] = [[] for _ in range(shards)]
     acc = 0
     for t in tensors:
         i = min(int(acc / per), shards - 1) if per else 0
         groups[i].append(t)
-        acc += _nbytes(t[1], t[2])
+        acc += tensor_nbytes(t[1], t[2])
     groups = [g for g in groups if g] or [[]]
     n = len(groups)
     weight_map = {}

@@ -12,8 +12,10 @@ import struct
 import time
 from pathlib import Path
 
-from bench_common import PY, _spread, best_of, dir_bytes, dsparkhub_cli, fast_enough, fmt_b, load_note, median_run, report, run_child
-from bench_fixtures import kimi_drafter, kimi_target_config, kimi_target_tensors, manifest_skeleton, v4_attached_skeleton, write_skeleton
+from bench_common import (PY, spread, best_of, dir_bytes, dsparkhub_cli, fast_enough, fmt_b, load_note, median_run,
+                          report, run_child)
+from bench_fixtures import (kimi_drafter, kimi_target_config, kimi_target_tensors, manifest_skeleton,
+                            v4_attached_skeleton, write_skeleton)
 
 
 def bench_validate(work: Path, size: str) -> None:
@@ -143,7 +145,7 @@ def bench_index(work: Path, size: str) -> None:
         n = len(index["weight_map"])
         report("index", f"validate vs {n:,}-tensor target, index {label} ({fmt_b(path.stat().st_size)}): "
                f"{r.wall:.3f} s wall / {r.cpu:.2f} s CPU, peak RSS {fmt_b(r.maxrss)} (median of {reps}; "
-               f"{_spread(runs)})",
+               f"{spread(runs)})",
                f"bare json.load of the same index: {j.wall:.3f} s as a process, "
                f"{sorted(inproc)[len(inproc) // 2]:.3f} s in-process; target < 0.25 s, < 150 MB",
                fast_enough(r, 0.25) and r.maxrss < 150e6)
