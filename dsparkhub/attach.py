@@ -34,13 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsparkhub import __version__
-from dsparkhub.io.checkpoint import ATTACH_RECORD, INDEX_NAME, file_identity, open_checkpoint, parse_header_bytes
+from dsparkhub.io.attach_record import ATTACH_RECORD, file_identity
+from dsparkhub.io.checkpoint import INDEX_NAME, open_checkpoint
+from dsparkhub.io.header import parse_header_bytes
 from dsparkhub.errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
 from dsparkhub.io.hashing import sha256_file
+from dsparkhub.io.sharding import plan_shards
 from dsparkhub.layouts.recipes import OpenedDraft, get_recipe, open_draft
 from dsparkhub.target import target_from_checkpoint
-from dsparkhub.io.writer import (SourceBytes, atomic_output, background_flush, refuse_overlap, write_file, write_json,
-                     write_safetensors, write_shards)
+from dsparkhub.io.output import atomic_output, background_flush, refuse_overlap, write_json
+from dsparkhub.io.writer import SourceBytes, write_file, write_safetensors, write_shards
 
 DRAFT_SHARD = "model-dspark-{k:05d}-of-{n:05d}.safetensors"
 #: target model types whose config vLLM reads ``dspark_*`` keys from (V4 DSpark, vLLM 0.32 / dspark-vllm overlay)
@@ -233,15 +236,9 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
         raise ConversionRefusedError(f"drafter tensors would overwrite target tensors: {clash[:3]}", path=target_dir)
 
     cap = max_shard_bytes or DEFAULT_SHARD_BYTES
-    groups: list[list[tuple[str, str]]] = [[]]
-    size = 0
-    for item in plan:
-        nb = spec.tensors[item[1]].nbytes
-        if groups[-1] and size + nb > cap:
-            groups.append([])
-            size = 0
-        groups[-1].append(item)
-        size += nb
+    by_name = {item[0]: item for item in plan}
+    groups = [[by_name[n] for n in shard]
+              for shard in plan_shards([(n, spec.tensors[src].nbytes) for n, src in plan], cap)]
     names = [DRAFT_SHARD.format(k=k + 1, n=len(groups)) for k in range(len(groups))]
     taken = sorted(set(names) & {p.name for p in target_dir.iterdir()})
     if taken:

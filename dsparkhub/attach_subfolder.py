@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dsparkhub.attach import LINK_MODES, _place, _target_files
 from dsparkhub.errors import ConversionRefusedError
-from dsparkhub.io.writer import atomic_output, refuse_overlap
+from dsparkhub.io.output import atomic_output, refuse_overlap
 
 __all__ = ["SUBFOLDER", "SubfolderAttachResult", "attach_subfolder"]
 

@@ -185,7 +185,7 @@ def run_calibration(draft: str | Path, target: str | Path, *, datasets=None, max
     """
     from tqdm import tqdm
 
-    from dsparkhub.io.checkpoint import resolve_step_dir
+    from dsparkhub.layouts.deepspec_run import resolve_step_dir
     from dsparkhub.io.hashing import checkpoint_fingerprint
     from dsparkhub.verify import calibration as cal
     from dsparkhub.verify.prompts import load_datasets

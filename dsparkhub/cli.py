@@ -177,7 +177,7 @@ def _pickle_source(path: str, allow_pickle: bool) -> str:
     """``path``, or with ``--allow-pickle`` a temporary safetensors copy of a pickle-only checkpoint."""
     if not allow_pickle:
         return path
-    from dsparkhub.io.checkpoint import resolve_pickle
+    from dsparkhub.layouts.deepspec_run import resolve_pickle
 
     resolved = resolve_pickle(path)
     if str(resolved) != str(path):
@@ -596,7 +596,7 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
     except VerifyArgumentError as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
     if Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
-        from dsparkhub.io.checkpoint import resolve_step_dir
+        from dsparkhub.layouts.deepspec_run import resolve_step_dir
 
         draft = resolve_step_dir(draft)
     s = results.settings

@@ -29,14 +29,17 @@ from pathlib import Path
 from typing import Callable
 
 from dsparkhub import __version__
-from dsparkhub.io.checkpoint import _expected_nbytes, pickle_weight_files, resolve_step_dir
+from dsparkhub.io.header import tensor_nbytes as _expected_nbytes
+from dsparkhub.io.pickle_weights import pickle_weight_files
+from dsparkhub.layouts.deepspec_run import resolve_step_dir
 from dsparkhub.errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
 from dsparkhub.io.hashing import sha256_file, sha256_files
 from dsparkhub.layouts.recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
                       resolve_output_recipe, write_config)
 from dsparkhub.target import TargetSpec, open_target
 from dsparkhub.validate import Finding, ValidationReport, validate
-from dsparkhub.io.writer import SourceBytes, atomic_output, refuse_overlap, write_json, write_shards
+from dsparkhub.io.output import atomic_output, refuse_overlap, write_json
+from dsparkhub.io.writer import SourceBytes, write_shards
 
 PROVENANCE_NAME = "dsparkhub_provenance.json"
 SHARED_WITH_TARGET = {"embed_tokens.weight": "embed", "lm_head.weight": "lm_head"}

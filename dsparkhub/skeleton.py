@@ -27,11 +27,12 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dsparkhub.io.checkpoint import DTYPE_BITS, INDEX_NAME
+from dsparkhub.io.checkpoint import INDEX_NAME
+from dsparkhub.io.header import DTYPE_BITS
 from dsparkhub.errors import ManifestError
 from dsparkhub.layouts.families import evaluate
 from dsparkhub.layouts.manifests import ReleaseManifest, TargetManifest, get_manifest
-from dsparkhub.io.writer import atomic_output, write_json
+from dsparkhub.io.output import atomic_output, write_json
 
 MARKER = "dsparkhub_skeleton.json"
 _WRAPPED = {"kimi_k25", "gemma4"}

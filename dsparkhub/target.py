@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsparkhub.io.checkpoint import Checkpoint, TensorInfo, open_checkpoint
+from dsparkhub.io.checkpoint import Checkpoint, open_checkpoint
+from dsparkhub.io.header import TensorInfo
 from dsparkhub.errors import CheckpointNotFoundError, HubError, IncompatibleTargetError
 
 #: embedding / LM-head tensor names seen in target checkpoints, most common first (HF Qwen3/Gemma4,

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dsparkhub.io import writer
+from dsparkhub.io import output
 from dsparkhub.cli import main
 from dsparkhub.convert import PROVENANCE_NAME, convert, plan_conversion
 from dsparkhub.errors import (CheckpointNotFoundError, ConversionRefusedError, OutputExistsError,
@@ -178,7 +178,7 @@ def test_cli_dry_run_writes_nothing(tmp_path, run, target):
 def test_atomic_output_concurrent_winner(tmp_path):
     out = tmp_path / "o"
     with pytest.raises(OutputExistsError):
-        with writer.atomic_output(out) as tmp:
+        with output.atomic_output(out) as tmp:
             (tmp / "a").write_text("1")
             os.makedirs(out / "x")  # another run finished first
     assert (out / "x").exists() and not (out / "a").exists()

@@ -1,7 +1,7 @@
 """Crash safety of everything that writes: ``convert`` and ``convert --attach`` killed with SIGKILL at every write
 step, two runs racing for the same OUT, and a full disk.
 
-The kill points come from the ``DSPARKHUB_TEST_KILL_AT=<n>`` hook in ``dsparkhub.io.writer.kill_point`` (every shard
+The kill points come from the ``DSPARKHUB_TEST_KILL_AT=<n>`` hook in ``dsparkhub.io.output.kill_point`` (every shard
 header, every tensor, every JSON file, every rename of the output folder). After each kill: the source drafter and
 the target are byte-identical to before (sha256 of every file, symlinks included) and OUT is absent or complete
 (same files and bytes as an uninterrupted run, and it opens and validates) — never half-written.
@@ -28,7 +28,7 @@ from dsparkhub.io.checkpoint import open_checkpoint
 from dsparkhub.errors import OutputExistsError
 from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target, make_v4_target
 from dsparkhub.validate import validate
-from dsparkhub.io.writer import atomic_output
+from dsparkhub.io.output import atomic_output
 
 torch.set_num_threads(1)
 
@@ -197,7 +197,7 @@ def test_two_writers_of_one_out_one_wins_in_process(tmp_path):
 
 
 def test_only_dead_runs_temporary_folders_are_removed(tmp_path):
-    from dsparkhub.io.writer import _host_tag
+    from dsparkhub.io.output import _host_tag
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 
-from dsparkhub.io.checkpoint import read_header
+from dsparkhub.io.header import read_header
 from dsparkhub.errors import CheckpointFormatError
 from dsparkhub.testing import fuzz
 
@@ -104,7 +104,7 @@ def test_absurd_header_length_is_never_allocated(tmp_path, length):
     (b'{"a": {"dtype": ["BF16"], "shape": [1], "data_offsets": [0, 2]}}', ["unknown dtype"]),
 ])
 def test_messages_name_the_problem(raw, words):
-    from dsparkhub.io.checkpoint import parse_header_bytes
+    from dsparkhub.io.header import parse_header_bytes
 
     with pytest.raises(CheckpointFormatError) as info:
         parse_header_bytes(raw, file="shard.safetensors", data_size=10)

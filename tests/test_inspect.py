@@ -10,7 +10,8 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from dsparkhub.io.checkpoint import open_checkpoint, read_header
+from dsparkhub.io.checkpoint import open_checkpoint
+from dsparkhub.io.header import read_header
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError, CheckpointNotFoundError, LayoutError, UnsafeCheckpointError
 from dsparkhub.layouts.recipes import open_draft

@@ -15,7 +15,8 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dsparkhub.io.checkpoint import open_checkpoint, pickle_as_safetensors
+from dsparkhub.io.checkpoint import open_checkpoint
+from dsparkhub.io.pickle_weights import pickle_as_safetensors
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError, UnsafeCheckpointError
 from dsparkhub.layouts.recipes import open_draft

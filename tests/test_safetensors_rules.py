@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dsparkhub.io.checkpoint import _decode_header, _decode_header_strict, parse_header_bytes, read_header, read_index
+from dsparkhub.io.checkpoint import read_index
+from dsparkhub.io.header import _decode_header, _decode_header_strict, parse_header_bytes, read_header
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError
 
@@ -214,3 +215,22 @@ def test_index_lone_surrogate_still_accepted_like_the_stdlib(tmp_path):
     path = tmp_path / "model.safetensors.index.json"
     path.write_text('{"weight_map": {"\\ud800": "m.safetensors"}}')
     assert list(read_index(path)["weight_map"]) == ["\ud800"]
+
+
+def test_read_index_with_and_without_the_shard_listing_fast_path(tmp_path):
+    """Values that are all ``*.safetensors`` files of the folder take the Literal-typed decode; any other value
+    (a missing shard, a subfolder path, a non-string) the plain one: the result is json.load's either way."""
+    import json
+
+    (tmp_path / "a.safetensors").write_bytes(b"")
+    (tmp_path / "b.safetensors").write_bytes(b"")
+    for weight_map in ({"x": "a.safetensors", "y": "b.safetensors", "z": "a.safetensors"},
+                       {"x": "a.safetensors", "y": "missing.safetensors"}, {"x": "sub/a.safetensors"}):
+        path = tmp_path / "model.safetensors.index.json"
+        path.write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": weight_map}, indent=2))
+        got = read_index(path)
+        assert got["weight_map"] == weight_map and list(got["weight_map"]) == list(weight_map)
+        assert got["metadata"] == {"total_size": 1}
+    path.write_text(json.dumps({"weight_map": {"x": 1}}))
+    with pytest.raises(CheckpointFormatError, match="weight_map"):
+        read_index(path)

@@ -274,7 +274,7 @@ def test_deep_reads_big_tensors_in_chunks_and_fp8(tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
     import dsparkhub.validate as v
-    from dsparkhub.io.checkpoint import read_header
+    from dsparkhub.io.header import read_header
 
     monkeypatch.setattr(v, "DEEP_CHUNK_BYTES", 64)
     x = torch.zeros(100, dtype=torch.float32)

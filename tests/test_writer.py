@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dsparkhub.io import writer
-from dsparkhub.io.checkpoint import read_header
+from dsparkhub.io.header import read_header
 from dsparkhub.errors import CheckpointFormatError
 from dsparkhub.io.writer import SourceBytes, write_safetensors
 
@@ -179,3 +179,30 @@ def test_a_write_refused_midway_starts_the_file_again_through_the_page_cache(tmp
     write_safetensors(tmp_path / "out.safetensors", payloads, {})
     assert len(calls) > 2
     assert (tmp_path / "out.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+
+
+def test_plan_shards_matches_the_greedy_rule_when_no_tensor_exceeds_the_cap():
+    """``plan_shards`` (huggingface_hub's splitter on sizes) groups exactly like the size-capped greedy loop it
+    replaced whenever every tensor fits the cap (always the case with the default caps)."""
+    import random
+
+    from dsparkhub.io.sharding import plan_shards
+
+    def greedy(items, cap):
+        groups, size = [[]], 0
+        for name, n in items:
+            if groups[-1] and size + n > cap:
+                groups.append([])
+                size = 0
+            groups[-1].append(name)
+            size += n
+        return groups
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        items = [(f"t{i}", rng.choice([0, 1, 7, 100, rng.randint(0, 3000)])) for i in range(rng.randint(0, 12))]
+        cap = max((n for _, n in items), default=0) + rng.randint(0, 500)
+        assert plan_shards(items, cap) == greedy(items, cap)
+    # a tensor over the cap gets its own shard, before the shard being filled (huggingface_hub's order)
+    assert plan_shards([("a", 1), ("big", 10), ("c", 1)], 5) == [["big"], ["a", "c"]]
+    assert plan_shards([], 5) == [[]]

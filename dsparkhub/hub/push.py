@@ -18,7 +18,6 @@ Does not: validate (``dsparkhub.validate``), write cards (``dsparkhub.card``), p
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +41,8 @@ from huggingface_hub.lfs import post_lfs_batch_info
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects
 
 from dsparkhub import __version__
-from dsparkhub.io.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, parse_header_bytes
+from dsparkhub.io.checkpoint import INDEX_NAME, Checkpoint
+from dsparkhub.io.header import TensorInfo, parse_header_bytes
 from dsparkhub.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -189,13 +189,14 @@ def check_repo_id(repo_id: str) -> str:
 
 
 def git_blob_sha1(path: str | Path) -> str:
-    """The git object id of a file (``sha1("blob <size>\\0" + bytes)``): the Hub's ``oid`` of a regular file."""
-    path = Path(path)
-    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    """The git object id of a file (``sha1("blob <size>\\0" + bytes)``): the Hub's ``oid`` of a regular file.
+
+    ``huggingface_hub.utils.sha.git_hash`` of the file's bytes, read whole: only regular (non-LFS) Hub files are
+    compared this way, and the Hub stores files over 10 MB in LFS.
+    """
+    from huggingface_hub.utils.sha import git_hash
+
+    return git_hash(Path(path).read_bytes())
 
 
 def local_files(draft_dir: str | Path, left_out: dict[str, str] | None = None) -> dict[str, Path]:
@@ -235,7 +236,7 @@ def local_files(draft_dir: str | Path, left_out: dict[str, str] | None = None) -
 
 
 def _left_out_reason(rel: Path) -> str | None:
-    from dsparkhub.io.checkpoint import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
+    from dsparkhub.io.safety import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
 
     if any(part.startswith(".") for part in rel.parts) and rel.as_posix() != ".gitattributes":
         return "dotfile: may hold local settings or secrets"

@@ -1,8 +1,8 @@
-"""Sharded, streamed, atomic checkpoint writing.
+"""Sharded, streamed checkpoint writing.
 
-Owns: the output folder's life cycle (a temporary folder next to OUT, flushed to disk and renamed into place only
-when complete; an existing OUT refused unless overwrite; a concurrent writer of the same OUT fails cleanly) and
-writing tensors into size-capped safetensors shards plus ``model.safetensors.index.json``.
+Owns: writing tensors into size-capped safetensors shards plus ``model.safetensors.index.json`` (grouping:
+``dsparkhub.io.sharding``), inside the temporary output folder that ``dsparkhub.io.output.atomic_output`` renames
+into place.
 
 Memory and speed: a plain copy is described by :class:`SourceBytes` and never enters memory whole: a file that copies
 64 MiB or more is assembled in 8 MiB aligned blocks and written with ``O_DIRECT`` (no page-cache work for the
@@ -17,20 +17,16 @@ because ``safetensors.torch.save_file`` needs every tensor of a shard in memory 
 from __future__ import annotations
 
 import errno
-import glob
 import json
 import os
-import shutil
-import socket
 import struct
-import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsparkhub.errors import CheckpointFormatError, OutputExistsError
+from dsparkhub.errors import CheckpointFormatError
+from dsparkhub.io.output import background_flush, kill_point, write_json
+from dsparkhub.io.sharding import plan_shards
 
 SHARD_SLACK = 256 << 20
 #: bytes copied per step; each step's output is handed to the kernel's write-back at once (see _copy_range)
@@ -42,193 +38,6 @@ DIRECT_MIN = 64 << 20
 DIRECT_BLOCK = 8 << 20
 _ALIGN = 4096
 _KILL_COUNT = 0
-
-
-def kill_point(label: str) -> None:
-    """Crash-safety test hook (a no-op unless ``DSPARKHUB_TEST_KILL_AT`` is set).
-
-    Every write step (a shard's header, each tensor, each JSON file, each rename of the output folder) calls this.
-    With ``DSPARKHUB_TEST_KILL_AT=n`` the process sends itself SIGKILL at the n-th call, so a test can prove that
-    OUT is absent or complete after a crash at *every* point (``tests/test_crash_safety.py``). With
-    ``DSPARKHUB_TEST_KILL_LOG=FILE`` each call appends its label to FILE (to count the points of a run).
-    """
-    at, log = os.environ.get("DSPARKHUB_TEST_KILL_AT"), os.environ.get("DSPARKHUB_TEST_KILL_LOG")
-    if not at and not log:
-        return
-    global _KILL_COUNT
-    _KILL_COUNT += 1
-    if log:
-        with open(log, "a") as f:
-            f.write(f"{_KILL_COUNT} {label}\n")
-    if at and _KILL_COUNT == int(at):
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-@contextmanager
-def atomic_output(out: str | Path, *, overwrite: bool = False):
-    """Yield a temporary folder that becomes ``out`` only if the block finishes without an exception.
-
-    The temporary folder ``.<name>.tmp-<host>-<pid>-<random>`` lies next to ``out`` (same filesystem, so the final
-    rename is atomic). On any exception it is removed and ``out`` is untouched. With ``overwrite``, an existing
-    ``out`` is moved aside, replaced, then deleted. A run killed outright (SIGKILL, power cut) cannot clean up; the
-    next run for the same ``out`` on the same host removes the temporary folders whose process no longer exists.
-
-    Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is False (checked before and after the work), or another
-            run created ``out`` meanwhile.
-    """
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
-    if (out.exists() or out.is_symlink()) and not out.is_dir():
-        raise OutputExistsError("OUT exists and is not a folder; --overwrite replaces output folders only",
-                                path=out, hint="choose another OUT, or remove the file yourself")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_temps(out)
-    tmp = out.parent / f".{out.name}.tmp-{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
-    try:
-        try:
-            yield tmp
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # full disk / quota / file-size limit
-                raise OSError(exc.errno, f"{exc.strerror} while writing the output; nothing was written to OUT (the "
-                              "partial temporary folder is removed): free some space or write OUT on another disk",
-                              str(out)) from None
-            raise
-        _fsync_tree(tmp)
-        kill_point(f"before moving {tmp.name} into place")
-        old = None
-        if out.exists():
-            if not overwrite:
-                raise OutputExistsError("output folder appeared while this run was writing (another run?)",
-                                        path=out)
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
-            os.rename(out, old)
-            kill_point(f"moved the old {out.name} aside")
-        try:
-            os.rename(tmp, out)
-        except OSError as exc:
-            if old is not None:
-                os.rename(old, out)
-            raise OutputExistsError(f"could not move the finished output into place: {exc.strerror}",
-                                    path=out) from None
-        _fsync(out.parent, os.O_DIRECTORY)
-        kill_point(f"moved {tmp.name} to {out.name}")
-        if old is not None:
-            if old.is_symlink() or not old.is_dir():  # rmtree refuses links (and files): unlink, never follow
-                old.unlink()
-            else:
-                shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            _remove_shielded(tmp)
-
-
-def _remove_shielded(folder: Path) -> None:
-    """Remove a temporary folder even if another Ctrl-C arrives meanwhile (``timeout`` and shells often deliver
-    SIGINT twice); the first interrupt still propagates once the folder is gone."""
-    while True:
-        try:
-            shutil.rmtree(folder, ignore_errors=True)
-            return
-        except KeyboardInterrupt:
-            continue
-
-
-def refuse_overlap(out: str | Path, reads: dict[str, str | Path | None]) -> None:
-    """Refuse an OUT that is, contains or lies inside a folder the run reads (the drafter, the target): with
-    ``--overwrite`` the old OUT is deleted, and a write inside a source folder modifies it. Paths are compared
-    after resolving symlinks; ``None`` entries (a Hub target) are skipped.
-
-    Args:
-        out: the output folder.
-        reads: ``{what it is: folder}``, e.g. ``{"drafter": src, "target": target_dir}``.
-
-    Raises:
-        OutputExistsError: naming both paths and how they overlap.
-    """
-    o = Path(os.path.realpath(out))
-    for label, folder in reads.items():
-        if folder is None:
-            continue
-        q = Path(os.path.realpath(folder))
-        if o == q:
-            how = "is"
-        elif o in q.parents:
-            how = "contains"
-        elif q in o.parents:
-            how = "lies inside"
-        else:
-            continue
-        raise OutputExistsError(f"OUT {out} {how} the {label} folder {folder}; writing there would delete or change "
-                                f"the {label} (sources are never modified)", path=out,
-                                hint="choose an OUT outside the folders this command reads")
-
-
-def _host_tag() -> str:
-    return "".join(c for c in socket.gethostname() if c.isalnum())[:32] or "host"
-
-
-def _remove_dead_temps(out: Path) -> None:
-    """Remove ``.<out>.tmp-<this host>-<pid>-*`` folders left by killed runs (their pid no longer exists).
-    Folders of live processes, of other hosts (a shared filesystem) or named otherwise are left alone."""
-    prefix = f".{out.name}.tmp-{_host_tag()}-"
-    for p in out.parent.glob(f"{glob.escape(prefix)}*"):
-        pid = p.name[len(prefix):].partition("-")[0]
-        if not pid.isdigit() or p.is_symlink() or not p.is_dir():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(p, ignore_errors=True)
-        except PermissionError:  # alive, owned by someone else
-            pass
-
-
-def _fsync(path: Path, flags: int = 0) -> None:
-    fd = os.open(path, os.O_RDONLY | flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def background_flush():
-    """Yield ``flush(path)``, which fsyncs ``path`` on a background thread while the caller writes the next file;
-    leaving the block waits for every flush (and raises the first error)."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = []
-        yield lambda path: pending.append(pool.submit(_fsync, Path(path)))
-        for f in pending:
-            f.result()
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file written under ``folder`` and the folders themselves, so that the rename into place never
-    publishes a folder whose data a power cut could still lose. Hard links (``st_nlink > 1``: an attached target's
-    own shards) and symlinks are not ours to flush. Shards are normally flushed already by
-    :func:`background_flush`; flushing a clean file costs nothing."""
-    for root, _, names in os.walk(folder):
-        for name in names:
-            p = Path(root) / name
-            st = p.lstat()
-            if not p.is_symlink() and st.st_nlink == 1:
-                _fsync(p)
-        _fsync(Path(root), os.O_DIRECTORY)
-
-
-def write_json(path: str | Path, data: dict, *, indent: int | None = 2) -> None:
-    """Write ``data`` as JSON with a trailing newline (indented, config.json style, unless ``indent`` is None).
-
-    ``indent=None`` is for large files such as the index of a 160 GB target (~70k entries): Python's C encoder only
-    runs without indentation, and is ~10x faster.
-    """
-    Path(path).write_text(json.dumps(data, indent=indent, sort_keys=False) + "\n")
-    kill_point(f"wrote {Path(path).name}")
 
 
 @dataclass(frozen=True)
@@ -255,7 +64,7 @@ class SourceBytes:
 
     @classmethod
     def of(cls, path: str | Path, info) -> "SourceBytes":
-        """The bytes of a tensor a checkpoint reader described (``dsparkhub.io.checkpoint.TensorInfo``: ``start``
+        """The bytes of a tensor a checkpoint reader described (``dsparkhub.io.header.TensorInfo``: ``start``
         from the start of the file, ``nbytes``, ``dtype``, ``shape``) in the file ``path`` that holds it."""
         return cls(str(path), info.start, info.nbytes, info.dtype, info.shape)
 
@@ -339,7 +148,7 @@ def _layout(entries: list[tuple]) -> list[tuple]:
     tensors by decreasing element size, when that keeps every tensor aligned to its element size (then a shard that
     renames the tensors of one source file copies its data as a few large ranges, like ``cp``); otherwise decreasing
     element size throughout, as the ``safetensors`` library does (stable: the given order kept within a size)."""
-    from dsparkhub.io.checkpoint import DTYPE_BITS
+    from dsparkhub.io.header import DTYPE_BITS
 
     copies = sorted((e for e in entries if isinstance(e[4], SourceBytes)), key=lambda e: (e[4].path, e[4].start))
     computed = sorted((e for e in entries if not isinstance(e[4], SourceBytes)), key=lambda e: -DTYPE_BITS[e[1]])
@@ -563,7 +372,8 @@ def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], obje
         items: ``(name, nbytes, load)`` triples in output order; ``load()`` returns a ``torch.Tensor`` (computed
             tensors) or a :class:`SourceBytes` (plain copies, streamed file to file without entering memory) and is
             called only when its shard is about to be written.
-        max_shard_bytes: shard size cap; default = the largest tensor + 256 MiB.
+        max_shard_bytes: shard size cap; default = the largest tensor + 256 MiB. Grouping:
+            :func:`dsparkhub.io.sharding.plan_shards`.
         metadata: safetensors ``__metadata__`` (``{"format": "pt"}`` is always set).
 
     Returns:
@@ -577,14 +387,8 @@ def write_shards(folder: Path, items: Iterable[tuple[str, int, Callable[[], obje
     """
     items = list(items)
     cap = max_shard_bytes or (max((n for _, n, _ in items), default=0) + SHARD_SLACK)
-    groups: list[list[tuple[str, int, Callable]]] = [[]]
-    size = 0
-    for item in items:
-        if groups[-1] and size + item[1] > cap:
-            groups.append([])
-            size = 0
-        groups[-1].append(item)
-        size += item[1]
+    by_name = {item[0]: item for item in items}
+    groups = [[by_name[n] for n in shard] for shard in plan_shards([(n, nb) for n, nb, _ in items], cap)]
     meta = {"format": "pt", **(metadata or {})}
     names = (["model.safetensors"] if len(groups) == 1 else
              [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from dsparkhub.io.checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
+from dsparkhub.io.checkpoint import Checkpoint
+from dsparkhub.io.header import DTYPE_BITS, TensorInfo
 from dsparkhub.errors import ManifestError
 
 TARGET_REQUIRED = ("name", "title", "repo_id", "model_type", "architecture", "family", "hidden_size",

@@ -57,7 +57,8 @@ from pathlib import Path
 
 import yaml
 
-from dsparkhub.io.checkpoint import Checkpoint, TensorInfo
+from dsparkhub.io.checkpoint import Checkpoint
+from dsparkhub.io.header import TensorInfo
 from dsparkhub.errors import LayoutError
 from dsparkhub.layouts.spec import ANCHOR_FIRST, ONE_PLUS_N, DraftSpec
 
@@ -691,7 +692,8 @@ def open_draft(path: str | Path, *, layout: str | None = None) -> OpenedDraft:
         CheckpointNotFoundError / CheckpointFormatError / UnsafeCheckpointError: see ``open_checkpoint``.
         LayoutError: no (or more than one) layout matches, or the config breaks the layout's rules.
     """
-    from dsparkhub.io.checkpoint import open_checkpoint, resolve_step_dir
+    from dsparkhub.io.checkpoint import open_checkpoint
+    from dsparkhub.layouts.deepspec_run import resolve_step_dir
 
     folder = resolve_step_dir(path)
     # lazy: a drafter attached inside a 160 GB target (DeepSeek-V4) has its tensors in a few of the target's shards;

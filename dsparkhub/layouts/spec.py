@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from dsparkhub.io.checkpoint import TensorInfo
+from dsparkhub.io.header import TensorInfo
 
 ANCHOR_FIRST = "anchor_first"
 ONE_PLUS_N = "one_plus_n"

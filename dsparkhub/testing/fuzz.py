@@ -33,7 +33,8 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from dsparkhub.io.checkpoint import DTYPE_BITS, INDEX_NAME, parse_header_bytes, read_header
+from dsparkhub.io.checkpoint import INDEX_NAME
+from dsparkhub.io.header import DTYPE_BITS, parse_header_bytes, read_header
 from dsparkhub.errors import DsparkhubError
 
 #: outcome counts per family, filled by the check functions (read by ``scripts/fuzz_headers.py``).

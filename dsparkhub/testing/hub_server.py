@@ -55,8 +55,11 @@ _ID_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
 def git_blob_sha1(data: bytes) -> str:
-    """The git object id of a blob holding ``data`` (what the Hub reports as a regular file's ``oid``)."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    """The git object id of a blob holding ``data`` (what the Hub reports as a regular file's ``oid``):
+    ``huggingface_hub.utils.sha.git_hash``."""
+    from huggingface_hub.utils.sha import git_hash
+
+    return git_hash(data)
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:

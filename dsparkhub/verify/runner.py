@@ -169,7 +169,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     if settings.max_new_tokens < 1:
         raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {settings.max_new_tokens}")
     if Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
-        from dsparkhub.io.checkpoint import resolve_step_dir
+        from dsparkhub.layouts.deepspec_run import resolve_step_dir
 
         draft = resolve_step_dir(draft)
     draft, target = str(draft), str(target)

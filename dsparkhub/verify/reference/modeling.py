@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsparkhub.io.checkpoint import resolve_step_dir
+from dsparkhub.layouts.deepspec_run import resolve_step_dir
 from dsparkhub.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
