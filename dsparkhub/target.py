@@ -2,7 +2,7 @@
 from ``config.json`` and safetensors headers only.
 
 A target is named by a local HF folder, or a Hub repo id (``ns/name[@revision]``, headers fetched with HTTP range
-requests by ``dsparkhub.hub.push``; never the weights). Multimodal wrappers (``text_config``: Kimi-K2.5 ``kimi_k25``,
+requests by ``dsparkhub.hub.remote``; never the weights). Multimodal wrappers (``text_config``: Kimi-K2.5 ``kimi_k25``,
 Gemma4) are read through their text config.
 
 Does not: load weights (the reference engine does that, in ``dsparkhub.verify.reference.engine``).
@@ -116,7 +116,7 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
 
     Raises:
         CheckpointNotFoundError: neither a local folder nor a repo id.
-        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub.push``). With
+        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub.remote``). With
             ``HF_HUB_OFFLINE=1`` a repo id is read from the HF cache when it was downloaded before.
         CheckpointFormatError / IncompatibleTargetError: malformed config or headers.
     """
@@ -142,7 +142,7 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
         if is_manifest_name(name) or source.startswith("manifest:"):
             return target_spec_from_manifest(name)
     if is_repo_id(source, revision=True) and not source.startswith((".", "/")):
-        from dsparkhub.hub.push import remote_checkpoint
+        from dsparkhub.hub.remote import remote_checkpoint
 
         repo, _, revision = source.partition("@")
         cached = _cached_snapshot(repo, revision or None)

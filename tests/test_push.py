@@ -16,7 +16,11 @@ from safetensors.torch import save_file
 import dsparkhub.hub.push as hub_mod
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointNotFoundError, ConversionRefusedError, HubError, ValidationFailedError
-from dsparkhub.hub.push import check_repo_id, push, remote_checkpoint, remote_checkpoint_headers
+from dsparkhub.hub.files import local_files
+from dsparkhub.hub.push import push
+from dsparkhub.hub.remote import check_remote, remote_checkpoint, remote_checkpoint_headers
+from dsparkhub.io.hashing import sha256_files
+from dsparkhub.repo_ids import check_repo_id
 from dsparkhub.testing import LocalHub
 
 TOKEN = "hf_FAKEtoken0123456789abcdefghijklm"
@@ -384,10 +388,10 @@ def test_remote_check_reports_every_difference(hub, tmp_path):
     (draft / "config.json").write_text('{"edited": true}')
     (draft / "extra.txt").write_text("x")
     (draft / "README.md").unlink()
-    files = hub_mod.local_files(draft)
-    hashes = hub_mod.sha256_files(list(files.values()))
+    files = local_files(draft)
+    hashes = sha256_files(list(files.values()))
     with pytest.raises(HubError) as err:
-        hub_mod._check_remote(HfApi(endpoint=hub.url, token=TOKEN), "alice/chk", report.commit_oid, files, hashes,
+        check_remote(HfApi(endpoint=hub.url, token=TOKEN), "alice/chk", report.commit_oid, files, hashes,
                               TOKEN)
     msg = str(err.value)
     assert "config.json: Hub has" in msg and "extra.txt: missing" in msg and "README.md: on the Hub" in msg
@@ -406,7 +410,7 @@ def test_local_files_skip_caches(tmp_path):
     (draft / ".secrets").mkdir()
     (draft / ".secrets" / "token.txt").write_text("hf_x")
     left_out: dict[str, str] = {}
-    assert sorted(hub_mod.local_files(draft, left_out)) == sorted(
+    assert sorted(local_files(draft, left_out)) == sorted(
         ["README.md", "config.json", "dsparkhub_provenance.json", "model-00001-of-00002.safetensors",
          "model-00002-of-00002.safetensors", "model.safetensors.index.json", "sub/plot.png"])
     assert sorted(x.split(" ")[0] for x in left_out) == [".env", ".secrets/token.txt", "optimizer.safetensors",
@@ -588,7 +592,7 @@ def test_pickle_and_training_state_names_are_matched_loosely(tmp_path):
     for name in ("b.pickle", "c.PKL", "w.Bin"):
         (draft / name).write_bytes(b"x")
     left_out: dict[str, str] = {}
-    files = hub_mod.local_files(draft, left_out)
+    files = local_files(draft, left_out)
     assert not {"b.pickle", "c.PKL", "w.Bin"} & set(files)
     assert sorted(x.split(" ")[0] for x in left_out) == ["b.pickle", "c.PKL", "w.Bin"]
 
