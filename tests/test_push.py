@@ -501,6 +501,33 @@ def test_remote_checkpoint_headers_single_file_and_revision(hub, tmp_path):
     assert tensors == {"embed_tokens.weight": ("F16", (16, 8), "model.safetensors")}
 
 
+def test_remote_checkpoint_other_safetensors_name_and_no_progress_bar(hub, tmp_path, capfd):
+    """Neither model.safetensors nor an index: each top-level *.safetensors is read (as for a local folder); the
+    library's progress bar over shards stays off (dsparkhub prints nothing while reading headers)."""
+    hub.create_repo("alice/other")
+    path = tmp_path / "w.safetensors"
+    save_file({"norm.weight": torch.zeros(8, dtype=torch.bfloat16)}, str(path))
+    hub.put_files("alice/other", {"config.json": b"{}", "weights.safetensors": path.read_bytes()})
+    capfd.readouterr()
+    _, tensors, index = remote_checkpoint_headers("alice/other", endpoint=hub.url, cache_dir=tmp_path / "c")
+    assert tensors == {"norm.weight": ("BF16", (8,), "weights.safetensors")} and index is None
+    draft = make_drafter(tmp_path / "draft")
+    push(draft, "alice/bars", endpoint=hub.url)
+    capfd.readouterr()
+    remote_checkpoint_headers("alice/bars", endpoint=hub.url, cache_dir=tmp_path / "c")
+    assert "Parse safetensors files" not in capfd.readouterr().err
+
+
+def test_repo_id_rule_is_huggingface_hubs_plus_a_namespace():
+    from dsparkhub.repo_ids import is_repo_id
+
+    assert is_repo_id("Qwen/Qwen3-8B") and is_repo_id("org/x_1.v2")
+    assert not is_repo_id("tiny") and not is_repo_id("a/b/c") and not is_repo_id("ns/x.git")
+    assert not is_repo_id("Qwen/Qwen3-8B@main") and is_repo_id("Qwen/Qwen3-8B@main", revision=True)
+    assert is_repo_id("o/n@refs/pr/1", revision=True) and not is_repo_id("o/n@", revision=True)
+    assert not is_repo_id("o/n@a b", revision=True) and not is_repo_id(None)
+
+
 def test_remote_checkpoint_errors(hub, tmp_path, monkeypatch):
     hub.create_repo("alice/noweights")
     hub.put_files("alice/noweights", {"config.json": b"{}"})
