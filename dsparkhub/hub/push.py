@@ -20,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, get_token, hf_hub_download
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, get_token
 from huggingface_hub.hf_api import RepoFile
 
 from dsparkhub import __version__
@@ -33,7 +33,7 @@ from dsparkhub.errors import (
 )
 from dsparkhub.hub.errors import HUB_ERRORS, hub_error, is_upload_failure, redactor
 from dsparkhub.hub.files import NEVER_DELETE, README, deletions, local_files, select_files
-from dsparkhub.hub.remote import check_remote, lfs_objects_present, remote_state, same_file
+from dsparkhub.hub.remote import check_remote, guard_readme, lfs_objects_present, remote_state, same_file
 from dsparkhub.io.hashing import checkpoint_fingerprint, sha256_files
 from dsparkhub.repo_ids import check_repo_id
 
@@ -361,7 +361,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
     kept = set(left_out)
 
     def plan_files(remote_now: dict[str, RepoFile], head_now: str | None) -> list[FilePlan]:
-        _guard_readme(api, repo_id, head_now, files, remote_now, delete, token)
+        guard_readme(api, repo_id, head_now, files, remote_now, delete, token)
         return _diff(files, hashes, remote_now, deletions(files, remote_now, delete, kept))
 
     plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, plan_files(remote, head))
@@ -432,32 +432,3 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         if f.action in ("add", "change") and not (remote_after[f.path].lfs is not None and f.sha256 in already))
     report.remote_check = "ok"
     return report
-
-
-def _guard_readme(api: HfApi, repo_id: str, head: str | None, files: dict[str, Path], remote: dict[str, RepoFile],
-                  delete: list[str] | None, token: str | None) -> None:
-    """Refuse to replace a ``README.md`` on the Hub that ``dsparkhub card`` did not write (it lacks
-    :data:`dsparkhub.card.CARD_MARKER`) unless ``delete`` names ``README.md`` itself (deleting one is ruled out by
-    :func:`dsparkhub.hub.files.deletions`). Reads the remote README only when it would change (one GET, allowed in dry runs).
-
-    Raises:
-        CardError: the hand-written README would go.
-    """
-    from dsparkhub.card import CARD_MARKER, CardError
-
-    ours, theirs = files.get(README), remote.get(README)
-    # a README the folder lacks is deleted only when `delete` names it (see files.deletions): nothing to guard then
-    if ours is None or theirs is None or head is None or README in (delete or []):
-        return
-    if same_file(ours, sha256_files([ours])[str(ours)], theirs):
-        return
-    try:
-        text = Path(hf_hub_download(repo_id, README, revision=head, token=token, endpoint=api.endpoint)
-                    ).read_text(encoding="utf-8", errors="replace")
-    except HUB_ERRORS as exc:
-        raise hub_error(exc, f"read {README} of {repo_id}", repo_id, token, reading=True) from exc
-    if CARD_MARKER not in text:
-        raise CardError(f"{repo_id} has a {README} on the Hub that dsparkhub did not write; this push would "
-                        "replace it",
-                        hint=f"pass --delete {README} to let it go, --exclude {README} to keep it, or merge it "
-                             "into the card (`dsparkhub card --template`)")

@@ -1,5 +1,5 @@
-"""What is on the Hub: a repo's head and tree, its LFS store, the read-back check after a commit, and a remote
-checkpoint's ``config.json``, index and safetensors headers (never the weights).
+"""What is on the Hub: a repo's head and tree, its LFS store, its README (may a push replace it?), the read-back
+check after a commit, and a remote checkpoint's ``config.json``, index and safetensors headers (never the weights).
 
 Reads only (GET / HEAD, plus the LFS batch query, a POST that writes nothing), every one through
 ``huggingface_hub.HfApi``; errors are mapped by :func:`dsparkhub.hub.errors.hub_error`. Safetensors headers come from
@@ -29,8 +29,9 @@ from huggingface_hub.utils import are_progress_bars_disabled, build_hf_headers, 
 
 from dsparkhub.errors import CheckpointFormatError, CheckpointNotFoundError, HubError
 from dsparkhub.hub.errors import HUB_ERRORS, hub_error
-from dsparkhub.hub.files import NEVER_DELETE
+from dsparkhub.hub.files import NEVER_DELETE, README
 from dsparkhub.io.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, parse_header_bytes
+from dsparkhub.io.hashing import sha256_files
 from dsparkhub.repo_ids import check_repo_id
 
 # ---- a repo's state -----------------------------------------------------------------------------------------------
@@ -73,6 +74,36 @@ def same_file(local: Path, sha256: str, remote: RepoFile) -> bool:
     if remote.lfs is not None:
         return remote.lfs.sha256 == sha256
     return remote.blob_id == git_blob_sha1(local)
+
+
+def guard_readme(api: HfApi, repo_id: str, head: str | None, files: dict[str, Path], remote: dict[str, RepoFile],
+                  delete: list[str] | None, token: str | None) -> None:
+    """Refuse to replace a ``README.md`` on the Hub that ``dsparkhub card`` did not write (it lacks
+    :data:`dsparkhub.card.CARD_MARKER`) unless ``delete`` names ``README.md`` itself (deleting one is ruled out by
+    :func:`dsparkhub.hub.files.deletions`). Reads the remote README only when it would change (one GET, allowed in
+    dry runs).
+
+    Raises:
+        CardError: the hand-written README would go.
+    """
+    from dsparkhub.card import CARD_MARKER, CardError
+
+    ours, theirs = files.get(README), remote.get(README)
+    # a README the folder lacks is deleted only when `delete` names it (see files.deletions): nothing to guard then
+    if ours is None or theirs is None or head is None or README in (delete or []):
+        return
+    if same_file(ours, sha256_files([ours])[str(ours)], theirs):
+        return
+    try:
+        text = Path(hf_hub_download(repo_id, README, revision=head, token=token, endpoint=api.endpoint)
+                    ).read_text(encoding="utf-8", errors="replace")
+    except HUB_ERRORS as exc:
+        raise hub_error(exc, f"read {README} of {repo_id}", repo_id, token, reading=True) from exc
+    if CARD_MARKER not in text:
+        raise CardError(f"{repo_id} has a {README} on the Hub that dsparkhub did not write; this push would "
+                        "replace it",
+                        hint=f"pass --delete {README} to let it go, --exclude {README} to keep it, or merge it "
+                             "into the card (`dsparkhub card --template`)")
 
 
 def lfs_objects_present(api: HfApi, repo_id: str, revision: str, adds: list[CommitOperationAdd],
