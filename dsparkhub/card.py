@@ -33,6 +33,7 @@ from dsparkhub.calibrate import card_context, plot_reliability
 from dsparkhub.card_engines import engine_checks, sglang_launch
 from dsparkhub.errors import CheckpointNotFoundError, DsparkhubError, ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint
+from dsparkhub.repo_ids import is_repo_id
 from dsparkhub.target import target_repo_id
 from dsparkhub.verify.results.reading import read_results
 from dsparkhub.verify.results.schema import ModelRef, VerifyResults
@@ -42,7 +43,6 @@ DEFAULT_TEMPLATE = "model_card.md.j2"
 ASSETS_DIR = "assets"
 ENGINE_LABELS = {"vllm": "vLLM offline engine", "vllm-serve": "vLLM server"}
 METHOD_LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3"}
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: the namespace the serve commands name when the card is written without ``--repo-id`` (push refuses it)
 MODEL_PLACEHOLDER = "<your-namespace>"
 #: an absolute local path (``/x/y``, ``~/x``) inside free text; group 1 is its last component
@@ -202,7 +202,7 @@ def fmt(x: float | None, digits: int = 2, suffix: str = "", signed: bool = False
 
 
 def _is_repo_id(value: str | None) -> bool:
-    return bool(value) and bool(_REPO_ID.match(value)) and not Path(value).exists()
+    return bool(value) and is_repo_id(value) and not Path(value).exists()
 
 
 def _config_facts(cfg: dict) -> list[tuple[str, str]]:
@@ -620,7 +620,6 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
 #: spellings), ``vllm serve TARGET`` and ``LLM(model=TARGET)``
 _SERVE_NAMES = (re.compile(r'"model"\s*:\s*"([^"]*)"'), re.compile(r"'model'\s*:\s*'([^']*)'"),
                 re.compile(r"\bvllm serve\s+([^\s\\]+)"), re.compile(r"\bmodel=(?:'([^']*)'|\"([^\"]*)\")"))
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
 def serve_command_problems(text: str) -> list[str]:
@@ -635,7 +634,7 @@ def serve_command_problems(text: str) -> list[str]:
     for name in found:
         if name.startswith(("/", "./", "../", "~")):
             problems.append(f"{name!r} is a local path")
-        elif not _HUB_ID.match(name) or "--" in name or ".." in name:
+        elif not is_repo_id(name):
             problems.append(f"{name!r} is a placeholder, not a Hub repo id (namespace/name)")
     return problems
 

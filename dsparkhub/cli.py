@@ -878,7 +878,7 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     from dsparkhub.example import build_example
     from dsparkhub.hub.push import push as push_folder
     from dsparkhub.layouts.recipes import open_draft
-    from dsparkhub.testing.hub_server import LocalHub
+    from dsparkhub.testing import LocalHub
     from dsparkhub.validate import validate as run_validate
     from dsparkhub.verify.results.table import format_summary_table
     from dsparkhub.verify.runner import run_verify

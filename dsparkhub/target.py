@@ -2,7 +2,7 @@
 from ``config.json`` and safetensors headers only.
 
 A target is named by a local HF folder, or a Hub repo id (``ns/name[@revision]``, headers fetched with HTTP range
-requests by ``dsparkhub.hub.push``; never the weights). Multimodal wrappers (``text_config``: Kimi-K2.5 ``kimi_k25``,
+requests by ``dsparkhub.hub.remote``; never the weights). Multimodal wrappers (``text_config``: Kimi-K2.5 ``kimi_k25``,
 Gemma4) are read through their text config.
 
 Does not: load weights (the reference engine does that, in ``dsparkhub.verify.reference.engine``).
@@ -10,20 +10,19 @@ Does not: load weights (the reference engine does that, in ``dsparkhub.verify.re
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsparkhub.io.checkpoint import Checkpoint, open_checkpoint
 from dsparkhub.io.header import TensorInfo
 from dsparkhub.errors import CheckpointNotFoundError, HubError, IncompatibleTargetError
+from dsparkhub.repo_ids import is_repo_id
 
 #: embedding / LM-head tensor names seen in target checkpoints, most common first (HF Qwen3/Gemma4,
 #: multimodal wrappers, DeepSeek-V4 native names ``embed.weight`` / ``head.weight``).
 EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
                "language_model.model.embed_tokens.weight", "embed_tokens.weight", "embed.weight")
 HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight", "head.weight")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 
 
 @dataclass
@@ -118,7 +117,7 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
 
     Raises:
         CheckpointNotFoundError: neither a local folder nor a repo id.
-        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub.push``). With
+        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub.remote``). With
             ``HF_HUB_OFFLINE=1`` a repo id is read from the HF cache when it was downloaded before.
         CheckpointFormatError / IncompatibleTargetError: malformed config or headers.
     """
@@ -143,8 +142,8 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
 
         if is_manifest_name(name) or source.startswith("manifest:"):
             return target_spec_from_manifest(name)
-    if _REPO_ID.match(source) and not source.startswith((".", "/")):
-        from dsparkhub.hub.push import remote_checkpoint
+    if is_repo_id(source, revision=True) and not source.startswith((".", "/")):
+        from dsparkhub.hub.remote import remote_checkpoint
 
         repo, _, revision = source.partition("@")
         cached = _cached_snapshot(repo, revision or None)
@@ -169,7 +168,7 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
 
 def _hub_id_like(value) -> bool:
     """``namespace/name`` as the Hub spells it, and not a local path (``./x``, ``/x``, ``~/x`` or an existing one)."""
-    return (isinstance(value, str) and bool(_REPO_ID.match(value)) and "@" not in value
+    return (is_repo_id(value)
             and not value.startswith((".", "/", "~")) and not Path(value).exists())
 
 

@@ -14,7 +14,7 @@ from bench_fixtures import converted_drafter
 
 def bench_push(work: Path, size: str) -> None:
     """push, then push again unchanged, to the local Hub server: bytes sent and time vs hashing the same files."""
-    from dsparkhub.testing.hub_server import LocalHub
+    from dsparkhub.testing import LocalHub
 
     draft = converted_drafter(work, size)
     files = [p for p in sorted(draft.iterdir()) if p.is_file()]

@@ -238,7 +238,7 @@ def test_a_drafter_without_confidence_head_is_refused(tmp_path):
 
 
 def test_push_ships_the_sidecar(tmp_path):
-    from dsparkhub.hub.push import local_files
+    from dsparkhub.hub.files import local_files
 
     (tmp_path / "config.json").write_text("{}")
     write_sidecar(_sidecar(), tmp_path / STS_FILE)

@@ -13,7 +13,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from safetensors.torch import save_file
 
 from dsparkhub.testing import LocalHub
-from dsparkhub.testing.hub_server import git_blob_sha1
+from dsparkhub.testing.hub_server.store import git_blob_sha1
 
 ALICE = "hf_ALICEtoken0123456789abcdefghij"
 BOB = "hf_BOBtoken0123456789abcdefghijkl"

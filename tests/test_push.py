@@ -16,7 +16,11 @@ from safetensors.torch import save_file
 import dsparkhub.hub.push as hub_mod
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointNotFoundError, ConversionRefusedError, HubError, ValidationFailedError
-from dsparkhub.hub.push import check_repo_id, push, remote_checkpoint, remote_checkpoint_headers
+from dsparkhub.hub.files import local_files
+from dsparkhub.hub.push import push
+from dsparkhub.hub.remote import check_remote, remote_checkpoint, remote_checkpoint_headers
+from dsparkhub.io.hashing import sha256_files
+from dsparkhub.repo_ids import check_repo_id
 from dsparkhub.testing import LocalHub
 
 TOKEN = "hf_FAKEtoken0123456789abcdefghijklm"
@@ -384,10 +388,10 @@ def test_remote_check_reports_every_difference(hub, tmp_path):
     (draft / "config.json").write_text('{"edited": true}')
     (draft / "extra.txt").write_text("x")
     (draft / "README.md").unlink()
-    files = hub_mod.local_files(draft)
-    hashes = hub_mod.sha256_files(list(files.values()))
+    files = local_files(draft)
+    hashes = sha256_files(list(files.values()))
     with pytest.raises(HubError) as err:
-        hub_mod._check_remote(HfApi(endpoint=hub.url, token=TOKEN), "alice/chk", report.commit_oid, files, hashes,
+        check_remote(HfApi(endpoint=hub.url, token=TOKEN), "alice/chk", report.commit_oid, files, hashes,
                               TOKEN)
     msg = str(err.value)
     assert "config.json: Hub has" in msg and "extra.txt: missing" in msg and "README.md: on the Hub" in msg
@@ -406,7 +410,7 @@ def test_local_files_skip_caches(tmp_path):
     (draft / ".secrets").mkdir()
     (draft / ".secrets" / "token.txt").write_text("hf_x")
     left_out: dict[str, str] = {}
-    assert sorted(hub_mod.local_files(draft, left_out)) == sorted(
+    assert sorted(local_files(draft, left_out)) == sorted(
         ["README.md", "config.json", "dsparkhub_provenance.json", "model-00001-of-00002.safetensors",
          "model-00002-of-00002.safetensors", "model.safetensors.index.json", "sub/plot.png"])
     assert sorted(x.split(" ")[0] for x in left_out) == [".env", ".secrets/token.txt", "optimizer.safetensors",
@@ -495,6 +499,33 @@ def test_remote_checkpoint_headers_single_file_and_revision(hub, tmp_path):
                                                        cache_dir=tmp_path / "c")
     assert config == {"hidden_size": 8} and index is None
     assert tensors == {"embed_tokens.weight": ("F16", (16, 8), "model.safetensors")}
+
+
+def test_remote_checkpoint_other_safetensors_name_and_no_progress_bar(hub, tmp_path, capfd):
+    """Neither model.safetensors nor an index: each top-level *.safetensors is read (as for a local folder); the
+    library's progress bar over shards stays off (dsparkhub prints nothing while reading headers)."""
+    hub.create_repo("alice/other")
+    path = tmp_path / "w.safetensors"
+    save_file({"norm.weight": torch.zeros(8, dtype=torch.bfloat16)}, str(path))
+    hub.put_files("alice/other", {"config.json": b"{}", "weights.safetensors": path.read_bytes()})
+    capfd.readouterr()
+    _, tensors, index = remote_checkpoint_headers("alice/other", endpoint=hub.url, cache_dir=tmp_path / "c")
+    assert tensors == {"norm.weight": ("BF16", (8,), "weights.safetensors")} and index is None
+    draft = make_drafter(tmp_path / "draft")
+    push(draft, "alice/bars", endpoint=hub.url)
+    capfd.readouterr()
+    remote_checkpoint_headers("alice/bars", endpoint=hub.url, cache_dir=tmp_path / "c")
+    assert "Parse safetensors files" not in capfd.readouterr().err
+
+
+def test_repo_id_rule_is_huggingface_hubs_plus_a_namespace():
+    from dsparkhub.repo_ids import is_repo_id
+
+    assert is_repo_id("Qwen/Qwen3-8B") and is_repo_id("org/x_1.v2")
+    assert not is_repo_id("tiny") and not is_repo_id("a/b/c") and not is_repo_id("ns/x.git")
+    assert not is_repo_id("Qwen/Qwen3-8B@main") and is_repo_id("Qwen/Qwen3-8B@main", revision=True)
+    assert is_repo_id("o/n@refs/pr/1", revision=True) and not is_repo_id("o/n@", revision=True)
+    assert not is_repo_id("o/n@a b", revision=True) and not is_repo_id(None)
 
 
 def test_remote_checkpoint_errors(hub, tmp_path, monkeypatch):
@@ -588,7 +619,7 @@ def test_pickle_and_training_state_names_are_matched_loosely(tmp_path):
     for name in ("b.pickle", "c.PKL", "w.Bin"):
         (draft / name).write_bytes(b"x")
     left_out: dict[str, str] = {}
-    files = hub_mod.local_files(draft, left_out)
+    files = local_files(draft, left_out)
     assert not {"b.pickle", "c.PKL", "w.Bin"} & set(files)
     assert sorted(x.split(" ")[0] for x in left_out) == ["b.pickle", "c.PKL", "w.Bin"]
 

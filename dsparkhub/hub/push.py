@@ -1,69 +1,44 @@
-"""The only networked module: push a drafter folder to the Hub in one commit, and read a remote checkpoint's headers.
+"""Push a drafter folder to the Hub in one commit: plan, commit, read back; an interrupted push resumes.
 
-Owns:
-  * :func:`push` — ``hf upload`` semantics (``--include`` / ``--exclude``; remote files the folder lacks kept unless
-    ``--delete PATTERN``; ``--create-pr``); plan (local files vs the remote tree, compared by hash: sha256 for LFS
-    files, git blob sha1 for regular ones), then one ``create_commit`` whose ``parent_commit`` is the remote head read while planning, then a
-    read-back of the remote tree. A dry run sends only GET / HEAD requests.
-  * :func:`remote_checkpoint_headers` / :func:`remote_checkpoint` — a Hub checkpoint's ``config.json``, index and
-    safetensors headers (HTTP range reads, huggingface_hub ``parse_safetensors_file_metadata``); never the weights.
+:func:`push` has ``hf upload`` semantics (``--include`` / ``--exclude``; remote files the folder lacks kept unless
+``--delete PATTERN``; ``--create-pr``): plan (local files vs the remote tree, compared by hash: sha256 for LFS files,
+git blob sha1 for regular ones), then one ``create_commit`` whose ``parent_commit`` is the remote head read while
+planning, then a read-back of the remote tree. A dry run sends only GET / HEAD requests.
 
-Every request goes through ``huggingface_hub.HfApi`` (2.4); its typed errors (``HfHubHTTPError`` and subclasses,
-``httpx2`` transport errors, ``OfflineModeIsEnabled``) are turned into :class:`~dsparkhub.errors.HubError` with a hint,
-keeping the original as ``__cause__``. The token comes from the ``token`` argument, ``HF_TOKEN`` or the
-huggingface_hub login, and is kept out of every message, commit text and report (:func:`dsparkhub.secrets.redact`).
+Every request goes through ``huggingface_hub.HfApi`` (2.4); errors become :class:`~dsparkhub.errors.HubError` with a
+hint (:mod:`dsparkhub.hub.errors`). The token comes from the ``token`` argument, ``HF_TOKEN`` or the huggingface_hub
+login, and is kept out of every message, commit text and report (:func:`dsparkhub.secrets.redact`). Which files go
+is :mod:`dsparkhub.hub.files`; what is on the Hub, :mod:`dsparkhub.hub.remote`.
 
-Does not: validate (``dsparkhub.validate``), write cards (``dsparkhub.card``), print (``dsparkhub.cli``).
+Does not: validate (``dsparkhub.validate``, called by :func:`_run_validation`), write cards (``dsparkhub.card``),
+print (``dsparkhub.cli``).
 """
 
 from __future__ import annotations
 
 import json
-import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import quote
 
-import httpx2
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, get_token, hf_hub_download
-from huggingface_hub.errors import (
-    EntryNotFoundError,
-    HfHubHTTPError,
-    LocalTokenNotFoundError,
-    OfflineModeIsEnabled,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-    SafetensorsParsingError,
-)
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, get_token
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.lfs import post_lfs_batch_info
-from huggingface_hub.utils import build_hf_headers, filter_repo_objects
 
 from dsparkhub import __version__
-from dsparkhub.io.checkpoint import INDEX_NAME, Checkpoint
-from dsparkhub.io.header import TensorInfo, parse_header_bytes
 from dsparkhub.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     ConversionRefusedError,
-    DsparkhubError,
     HubError,
     ValidationFailedError,
 )
+from dsparkhub.hub.errors import HUB_ERRORS, hub_error, is_upload_failure, redactor
+from dsparkhub.hub.files import NEVER_DELETE, README, deletions, local_files, select_files
+from dsparkhub.hub.remote import check_remote, guard_readme, lfs_objects_present, remote_state, same_file
 from dsparkhub.io.hashing import checkpoint_fingerprint, sha256_files
-from dsparkhub.secrets import redact
+from dsparkhub.repo_ids import check_repo_id
 
 PROVENANCE_FILE = "dsparkhub_provenance.json"
-#: remote files a push never deletes even when the local folder lacks them (the Hub creates it with the repo).
-NEVER_DELETE = frozenset({".gitattributes"})
-README = "README.md"
 TRAINING_LAYOUTS = ("deepspec",)  # written by training, read by dsparkhub, not loaded by vLLM
-#: local path components that are never pushed (caches, VCS, editor and OS litter).
-SKIP_PARTS = frozenset({".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints", ".DS_Store"})
-#: Hub repo ids: ``namespace/name``, each part 1-96 of [A-Za-z0-9._-], not starting with ``.`` / ``-``, no ``--``
-#: or ``..`` (huggingface_hub ``validate_repo_id`` rules).
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
 # ---- plan and report -----------------------------------------------------------------------------------------
@@ -171,145 +146,7 @@ class PushReport:
                 "pr_url": self.pr_url}
 
 
-# ---- small helpers --------------------------------------------------------------------------------------------
-
-
-def check_repo_id(repo_id: str) -> str:
-    """Return ``repo_id`` if it is ``namespace/name`` as the Hub accepts it.
-
-    Raises:
-        HubError: anything else (missing namespace, extra ``/``, ``--`` / ``..``, bad characters, > 96 chars).
-    """
-    if (not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id
-            or repo_id.endswith((".", "-")) or "/." in repo_id or "/-" in repo_id or ".git/" in repo_id + "/"):
-        raise HubError(f"invalid Hub repo id {repo_id!r}: expected NAMESPACE/NAME",
-                       hint="use your user or organisation name, a slash and the repo name, e.g. "
-                            "alice/qwen3-8b-dspark (letters, digits, '.', '_', '-'; no '--' or '..')")
-    return repo_id
-
-
-def git_blob_sha1(path: str | Path) -> str:
-    """The git object id of a file (``sha1("blob <size>\\0" + bytes)``): the Hub's ``oid`` of a regular file.
-
-    ``huggingface_hub.utils.sha.git_hash`` of the file's bytes, read whole: only regular (non-LFS) Hub files are
-    compared this way, and the Hub stores files over 10 MB in LFS.
-    """
-    from huggingface_hub.utils.sha import git_hash
-
-    return git_hash(Path(path).read_bytes())
-
-
-def local_files(draft_dir: str | Path, left_out: dict[str, str] | None = None) -> dict[str, Path]:
-    """The files a push would upload: every regular file under ``draft_dir``, by POSIX path relative to it.
-
-    Skipped silently: :data:`SKIP_PARTS` anywhere in the path, ``*.tmp`` / ``*.lock`` / ``*.partial`` leftovers.
-    Left out and recorded in ``left_out`` (``{path: why}``): dotfiles and dot-folders (``.env`` ...; ``.gitattributes``
-    excepted), pickle files (``.bin`` / ``.pt`` / ``.pth`` / ``.pkl`` / ``.ckpt``: a release ships safetensors, and a
-    pickle runs code when loaded) and training state (``training_state*``, ``optimizer*``, ...).
-
-    Raises:
-        CheckpointNotFoundError: ``draft_dir`` is not a folder.
-        DsparkhubError: a file is a link that resolves outside ``draft_dir``.
-    """
-    root = Path(draft_dir)
-    if not root.is_dir():
-        raise CheckpointNotFoundError("drafter folder to push does not exist or is not a folder", path=root)
-    real_root = root.resolve()
-    out: dict[str, Path] = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if any(part in SKIP_PARTS for part in rel.parts) or path.name.endswith((".tmp", ".lock", ".partial")):
-            continue
-        if not path.is_file():
-            continue
-        why = _left_out_reason(rel)
-        if why:
-            if left_out is not None:
-                left_out[rel.as_posix()] = why
-            continue
-        real = path.resolve()
-        if real_root not in real.parents:
-            raise DsparkhubError(f"{rel.as_posix()} is a link that resolves outside the folder (to {real})",
-                                 path=root, hint="copy the file into the folder instead of linking it")
-        out[rel.as_posix()] = path
-    return out
-
-
-def _left_out_reason(rel: Path) -> str | None:
-    from dsparkhub.io.safety import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
-
-    if any(part.startswith(".") for part in rel.parts) and rel.as_posix() != ".gitattributes":
-        return "dotfile: may hold local settings or secrets"
-    if rel.name.startswith(TRAINING_STATE_PREFIXES):
-        return "training state"
-    if rel.suffix.lower() in PICKLE_SUFFIXES:
-        return "pickle file: a release ships safetensors"
-    return None
-
-
-def _redactor(token: str | None):
-    def _r(text: str) -> str:
-        text = redact(text)
-        return text.replace(token, "***") if token and len(token) >= 4 else text
-
-    return _r
-
-
-def _status(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None)
-
-
-def _hub_error(exc: BaseException, action: str, repo_id: str, token: str | None, *, reading: bool = False
-               ) -> HubError:
-    """Map a huggingface_hub / transport error to a HubError with a hint (the original stays as ``__cause__``).
-    ``reading``: the failed call only read (a target's headers), so the push wording is left out."""
-    r = _redactor(token)
-    detail = r(" ".join(str(exc).split()))[:600]
-    status = _status(exc)
-    ns = repo_id.split("/")[0]
-    if isinstance(exc, OfflineModeIsEnabled):
-        return HubError(f"cannot {action}: huggingface_hub offline mode is on", hint="unset HF_HUB_OFFLINE")
-    if isinstance(exc, LocalTokenNotFoundError):
-        return HubError(f"cannot {action}: no Hugging Face token found",
-                        hint="set HF_TOKEN or run `hf auth login` (a token with write access)")
-    if status == 401:
-        return HubError(f"cannot {action}: the Hub refused the token (HTTP 401). {detail}",
-                        hint="the token is missing, expired or invalid; set HF_TOKEN or run `hf auth login`")
-    if status == 403:
-        return HubError(f"cannot {action}: the token may not write to {repo_id!r} (HTTP 403). {detail}",
-                        hint=f"use a token with write access to the namespace {ns!r} (fine-grained tokens need "
-                             "'write' on it)")
-    if isinstance(exc, RevisionNotFoundError):
-        return HubError(f"cannot {action}: revision not found in {repo_id!r}. {detail}",
-                        hint="check --revision; push creates a missing branch from main")
-    if isinstance(exc, RepositoryNotFoundError) or status == 404:
-        return HubError(f"cannot {action}: {repo_id!r} was not found, or this token cannot see it (HTTP "
-                        f"{status}). {detail}", hint="check the repo id and that the token can read it")
-    if status == 412:
-        return HubError(f"cannot {action}: {repo_id!r} changed on the Hub after the push was planned (HTTP 412, "
-                        f"parent commit mismatch); nothing was committed. {detail}",
-                        hint="run the push again: it re-plans against the new remote state")
-    if status is not None and status >= 500:
-        return HubError(f"cannot {action}: Hub server error (HTTP {status}); nothing was committed. {detail}",
-                        hint="retry later; LFS objects already uploaded are kept and not sent again")
-    if isinstance(exc, (httpx2.TransportError, RuntimeError)):
-        if reading:
-            return HubError(f"cannot {action}: network error talking to the Hub ({detail})",
-                            hint="check the connection (or --endpoint / HF_ENDPOINT); a local folder is read when "
-                                 "it exists")
-        return HubError(f"cannot {action}: network error talking to the Hub ({detail}); nothing was committed",
-                        hint="check the connection / --endpoint and run the push again; it resumes (LFS objects "
-                             "already uploaded are skipped)")
-    return HubError(f"cannot {action}: {detail}", hint="see the Hub's message above")
-
-
-_HUB_ERRORS = (HfHubHTTPError, httpx2.TransportError, OfflineModeIsEnabled, LocalTokenNotFoundError)
-
-
-def _is_upload_failure(exc: RuntimeError) -> bool:
-    """huggingface_hub wraps a failed LFS upload in ``RuntimeError("Error while uploading ...")`` (_commit_api.py)."""
-    return isinstance(exc.__cause__, _HUB_ERRORS) or str(exc).startswith("Error while uploading")
+# ---- provenance, validation, commit text ---------------------------------------------------------------------
 
 
 def _read_provenance(draft_dir: Path) -> dict | None:
@@ -334,6 +171,38 @@ def _run_validation(draft_dir: Path, target: str | None, endpoint: str | None = 
     if target is not None and not Path(target).exists():
         target = open_target(target, endpoint=endpoint, token=token)
     return validate(draft_dir, target)
+
+
+def _validation_gate(draft_dir: Path, target: str | None, endpoint: str | None, token: str | None, force: bool,
+                     r) -> tuple[object, dict, bool]:
+    """Validate the drafter before a push: ``(ValidationReport, its to_dict(), forced)``.
+
+    Raises:
+        ValidationFailedError: validation found errors and ``force`` is False (``r`` redacts the message).
+        ConversionRefusedError: the folder is in a training layout (DeepSpec) and ``force`` is False.
+    """
+    forced = False
+    validation = _run_validation(draft_dir, target, endpoint, token)
+    report_validation = validation.to_dict()
+    if not validation.ok:
+        if not force:
+            listing = "; ".join(f"{f.code} {f.location}: {f.message}" for f in validation.errors[:8])
+            more = len(validation.errors) - 8
+            raise ValidationFailedError(
+                r(f"validate found {len(validation.errors)} error(s), refusing to push: {listing}"
+                  + (f" (+{more} more)" if more > 0 else "")),
+                report=validation, path=draft_dir,
+                hint="fix the drafter (see `dsparkhub validate`), or pass --force to push anyway "
+                     "(recorded in the commit message)")
+        forced = True
+    if getattr(validation, "layout", None) in TRAINING_LAYOUTS:
+        if not force:
+            raise ConversionRefusedError(
+                f"{draft_dir} is in the {validation.layout!r} training layout, which vLLM does not load",
+                path=draft_dir, hint="convert it first (`dsparkhub convert DRAFT --target TARGET --out OUT`) and "
+                                     "push OUT, or pass --force to publish the training layout as is")
+        forced = True
+    return validation, report_validation, forced
 
 
 def _commit_text(plan: PushPlan, files: dict[str, Path], hashes: dict[str, str], provenance: dict | None,
@@ -365,37 +234,10 @@ def _commit_text(plan: PushPlan, files: dict[str, Path], hashes: dict[str, str],
 # ---- planning ---------------------------------------------------------------------------------------------------
 
 
-def _remote_state(api: HfApi, repo_id: str, revision: str, token: str | None):
-    """(repo_exists, branch_exists, head oid, {path: RepoFile}) with reads only."""
-    try:
-        head = api.model_info(repo_id, revision=revision).sha
-    except RevisionNotFoundError:
-        return True, False, None, {}
-    except RepositoryNotFoundError:  # missing, or private and not visible to this token: create_repo will tell
-        return False, False, None, {}
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"read {repo_id}", repo_id, token) from exc
-    try:
-        tree = {f.path: f for f in api.list_repo_tree(repo_id, recursive=True, revision=head)
-                if isinstance(f, RepoFile)}
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"list the files of {repo_id}", repo_id, token) from exc
-    return True, True, head, tree
-
-
-def _same(local: Path, sha256: str, remote: RepoFile) -> bool:
-    size = local.stat().st_size
-    if remote.size != size:
-        return False
-    if remote.lfs is not None:
-        return remote.lfs.sha256 == sha256
-    return remote.blob_id == git_blob_sha1(local)
-
-
 def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, RepoFile],
           delete: set[str] = frozenset()) -> list[FilePlan]:
     """What the commit does per file; remote files absent locally are deleted when in ``delete`` (see
-    :func:`_deletions`), else kept."""
+    :func:`dsparkhub.hub.files.deletions`), else kept."""
     out = []
     for path, local in files.items():
         sha, size = hashes[str(local)], local.stat().st_size
@@ -403,29 +245,13 @@ def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, Repo
         if r is None:
             out.append(FilePlan(path, "add", size, None, sha, None))
         else:
-            action = "unchanged" if _same(local, sha, r) else "change"
+            action = "unchanged" if same_file(local, sha, r) else "change"
             out.append(FilePlan(path, action, size, r.size, sha, r.lfs is not None))
     for path, r in remote.items():
         if path not in files and path not in NEVER_DELETE:  # .gitattributes: the Hub's, never planned
             action = "delete" if path in delete else "keep"
             out.append(FilePlan(path, action, None, r.size, None, r.lfs is not None))
     return sorted(out, key=lambda f: f.path)
-
-
-def _deletions(files: dict[str, Path], remote: dict[str, RepoFile], patterns: list[str] | None,
-               left_out: set[str]) -> set[str]:
-    """Remote paths a push deletes, as ``hf upload --delete PATTERN`` does (huggingface_hub
-    ``_prepare_folder_deletions``: fnmatch over repo paths, ``*`` crossing ``/``; ``.gitattributes`` never): remote
-    files the folder lacks that match a pattern. Files the folder holds but left out (a pickle, a dotfile) are never
-    deleted on their account, and ``README.md`` only when a pattern is exactly ``README.md``: a card on the Hub may
-    be written by hand."""
-    if not patterns:
-        return set()
-    gone = [p for p in remote if p not in files and p not in left_out and p not in NEVER_DELETE]
-    hits = set(filter_repo_objects(gone, allow_patterns=list(patterns)))
-    if README in hits and README not in patterns:
-        hits.discard(README)
-    return hits
 
 
 # ---- push -------------------------------------------------------------------------------------------------------
@@ -502,12 +328,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
     files = local_files(draft_dir, left_out)
     if not files:
         raise CheckpointNotFoundError("the drafter folder is empty: nothing to push", path=draft_dir)
-    if include or exclude:
-        chosen = set(filter_repo_objects(list(files), allow_patterns=include or None, ignore_patterns=exclude or None))
-        files = {p: f for p, f in files.items() if p in chosen}
-        if not files:
-            raise CheckpointNotFoundError(f"no file of the folder matches --include {include or []} / --exclude "
-                                          f"{exclude or []}: nothing to push", path=draft_dir)
+    files = select_files(files, include, exclude, draft_dir)
     if README in files:
         problems = serve_command_problems(files[README].read_text(encoding="utf-8", errors="replace"))
         if problems:
@@ -520,38 +341,18 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         raise HubError("no Hugging Face token: pushing needs one with write access",
                        hint="set HF_TOKEN, pass --token or run `hf auth login` (or try --dry-run, which needs none "
                             "for public repos)")
-    r = _redactor(token)
+    r = redactor(token)
 
-    report_validation, forced, validation = None, False, None
-    if validate:
-        validation = _run_validation(draft_dir, target, endpoint, token)
-        report_validation = validation.to_dict()
-        if not validation.ok:
-            if not force:
-                listing = "; ".join(f"{f.code} {f.location}: {f.message}" for f in validation.errors[:8])
-                more = len(validation.errors) - 8
-                raise ValidationFailedError(
-                    r(f"validate found {len(validation.errors)} error(s), refusing to push: {listing}"
-                      + (f" (+{more} more)" if more > 0 else "")),
-                    report=validation, path=draft_dir,
-                    hint="fix the drafter (see `dsparkhub validate`), or pass --force to push anyway "
-                         "(recorded in the commit message)")
-            forced = True
-        if getattr(validation, "layout", None) in TRAINING_LAYOUTS:
-            if not force:
-                raise ConversionRefusedError(
-                    f"{draft_dir} is in the {validation.layout!r} training layout, which vLLM does not load",
-                    path=draft_dir, hint="convert it first (`dsparkhub convert DRAFT --target TARGET --out OUT`) and "
-                                         "push OUT, or pass --force to publish the training layout as is")
-            forced = True
+    validation, report_validation, forced = _validation_gate(draft_dir, target, endpoint, token, force, r) if validate \
+        else (None, None, False)
     provenance = _read_provenance(draft_dir)
     hashes = sha256_files(list(files.values()))
 
     api = HfApi(endpoint=endpoint, token=token)
-    repo_exists, branch_exists, head, remote = _remote_state(api, repo_id, revision, token)
+    repo_exists, branch_exists, head, remote = remote_state(api, repo_id, revision, token)
     if repo_exists and not branch_exists:
         # a new branch starts from main: plan against main's files
-        _, main_exists, head_main, remote = _remote_state(api, repo_id, "main", token)
+        _, main_exists, head_main, remote = remote_state(api, repo_id, "main", token)
         head = head_main if main_exists else None
     if expect_head is not None and not (len(expect_head) >= 7 and (head or "").startswith(expect_head)):
         raise HubError(f"{repo_id}@{revision} has moved since the plan you reviewed: its head is "
@@ -560,8 +361,8 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
     kept = set(left_out)
 
     def plan_files(remote_now: dict[str, RepoFile], head_now: str | None) -> list[FilePlan]:
-        _guard_readme(api, repo_id, head_now, files, remote_now, delete, token)
-        return _diff(files, hashes, remote_now, _deletions(files, remote_now, delete, kept))
+        guard_readme(api, repo_id, head_now, files, remote_now, delete, token)
+        return _diff(files, hashes, remote_now, deletions(files, remote_now, delete, kept))
 
     plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, plan_files(remote, head))
     report = PushReport(plan, dry_run=dry_run, validation=report_validation, forced=forced)
@@ -592,10 +393,10 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
                 api.create_branch(repo_id, branch=revision, exist_ok=True)
                 report.notes.append(f"created branch {revision}")
             # the new repo / branch has an initial commit: plan against it
-            _, _, head, remote = _remote_state(api, repo_id, revision, token)
+            _, _, head, remote = remote_state(api, repo_id, revision, token)
             plan.parent_commit, plan.files = head, plan_files(remote, head)
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"create {repo_id}@{revision}", repo_id, token) from exc
+    except HUB_ERRORS as exc:
+        raise hub_error(exc, f"create {repo_id}@{revision}", repo_id, token) from exc
 
     if not plan.changes:
         report.remote_check = "ok"
@@ -608,219 +409,26 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             op.upload_info.sha256 = bytes.fromhex(f.sha256)  # hashed once already, in parallel
             adds.append(op)
     ops = adds + [CommitOperationDelete(path_in_repo=f.path) for f in plan.by_action("delete")]
-    already = _lfs_objects_present(api, repo_id, revision, adds, token)
+    already = lfs_objects_present(api, repo_id, revision, adds, token)
     fingerprint = checkpoint_fingerprint(draft_dir) if (draft_dir / "config.json").exists() else None
     summary, description = _commit_text(plan, files, hashes, provenance, validation, forced, fingerprint, r,
                                         commit_message, commit_description)
     try:
         info = api.create_commit(repo_id, ops, commit_message=summary, commit_description=description,
                                  revision=revision, parent_commit=head, create_pr=create_pr)
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"commit to {repo_id}@{revision}", repo_id, token) from exc
+    except HUB_ERRORS as exc:
+        raise hub_error(exc, f"commit to {repo_id}@{revision}", repo_id, token) from exc
     except RuntimeError as exc:
-        if not _is_upload_failure(exc):
+        if not is_upload_failure(exc):
             raise
-        cause = exc.__cause__ if isinstance(exc.__cause__, _HUB_ERRORS) else exc
-        raise _hub_error(cause, f"upload to {repo_id}@{revision}", repo_id, token) from exc
+        cause = exc.__cause__ if isinstance(exc.__cause__, HUB_ERRORS) else exc
+        raise hub_error(cause, f"upload to {repo_id}@{revision}", repo_id, token) from exc
     report.commit_oid, report.commit_url, report.pr_url = info.oid, info.commit_url, info.pr_url
 
-    remote_after = _check_remote(api, repo_id, info.oid, files, hashes, token,
+    remote_after = check_remote(api, repo_id, info.oid, files, hashes, token,
                                  {f.path for f in plan.by_action("keep")})
     report.bytes_uploaded = sum(
         f.size or 0 for f in plan.files
         if f.action in ("add", "change") and not (remote_after[f.path].lfs is not None and f.sha256 in already))
     report.remote_check = "ok"
     return report
-
-
-def _guard_readme(api: HfApi, repo_id: str, head: str | None, files: dict[str, Path], remote: dict[str, RepoFile],
-                  delete: list[str] | None, token: str | None) -> None:
-    """Refuse to replace a ``README.md`` on the Hub that ``dsparkhub card`` did not write (it lacks
-    :data:`dsparkhub.card.CARD_MARKER`) unless ``delete`` names ``README.md`` itself (deleting one is ruled out by
-    :func:`_deletions`). Reads the remote README only when it would change (one GET, allowed in dry runs).
-
-    Raises:
-        CardError: the hand-written README would go.
-    """
-    from dsparkhub.card import CARD_MARKER, CardError
-
-    ours, theirs = files.get(README), remote.get(README)
-    # a README the folder lacks is deleted only when `delete` names it (see _deletions): nothing to guard then
-    if ours is None or theirs is None or head is None or README in (delete or []):
-        return
-    if _same(ours, sha256_files([ours])[str(ours)], theirs):
-        return
-    try:
-        text = Path(hf_hub_download(repo_id, README, revision=head, token=token, endpoint=api.endpoint)
-                    ).read_text(encoding="utf-8", errors="replace")
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"read {README} of {repo_id}", repo_id, token, reading=True) from exc
-    if CARD_MARKER not in text:
-        raise CardError(f"{repo_id} has a {README} on the Hub that dsparkhub did not write; this push would "
-                        "replace it",
-                        hint=f"pass --delete {README} to let it go, --exclude {README} to keep it, or merge it "
-                             "into the card (`dsparkhub card --template`)")
-
-
-def _lfs_objects_present(api: HfApi, repo_id: str, revision: str, adds: list[CommitOperationAdd],
-                         token: str | None) -> set[str]:
-    """sha256 of the objects among ``adds`` the Hub's LFS store already holds (the batch answer has no actions).
-
-    Only used to report bytes uploaded; the upload itself asks the same question.
-    """
-    infos = [op.upload_info for op in adds if op.upload_info.size > 0]
-    if not infos:
-        return set()
-    try:
-        actions, _errors, _ = post_lfs_batch_info(upload_infos=infos, token=None, repo_type="model",
-                                                  repo_id=repo_id, revision=quote(revision, safe=""),
-                                                  endpoint=api.endpoint, headers=build_hf_headers(token=token))
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"query the LFS store of {repo_id}", repo_id, token) from exc
-    return {a["oid"] for a in actions if not a.get("actions")}
-
-
-def _check_remote(api: HfApi, repo_id: str, oid: str, files: dict[str, Path], hashes: dict[str, str],
-                  token: str | None, kept: set[str] = frozenset()) -> dict[str, RepoFile]:
-    """Read the tree of commit ``oid`` back and compare it with the local files (``kept``: files left out here but
-    kept on the Hub, see :func:`_diff`).
-
-    Raises:
-        HubError: a file missing, of another size or hash, or an unexpected extra file.
-    """
-    try:
-        tree = {f.path: f for f in api.list_repo_tree(repo_id, recursive=True, revision=oid)
-                if isinstance(f, RepoFile)}
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"read back commit {oid[:12]} of {repo_id}", repo_id, token) from exc
-    problems = []
-    for path, local in files.items():
-        remote = tree.get(path)
-        if remote is None:
-            problems.append(f"{path}: missing on the Hub")
-        elif not _same(local, hashes[str(local)], remote):
-            lfs = f", sha256 {remote.lfs.sha256}" if remote.lfs else f", git oid {remote.blob_id}"
-            problems.append(f"{path}: Hub has {remote.size} bytes{lfs}; local has {local.stat().st_size} bytes, "
-                            f"sha256 {hashes[str(local)]}")
-    extra = sorted(set(tree) - set(files) - NEVER_DELETE - set(kept))
-    problems += [f"{p}: on the Hub but not in the local folder" for p in extra]
-    if problems:
-        raise HubError(f"after commit {oid[:12]}, {repo_id} differs from the local folder: " + "; ".join(problems),
-                       hint="run the push again; if it persists, compare with `hf download` and report it")
-    return tree
-
-
-# ---- remote headers ---------------------------------------------------------------------------------------------
-
-
-def remote_checkpoint_headers(repo_id: str, revision: str | None = None, token: str | None = None,
-                              endpoint: str | None = None, *, cache_dir: str | Path | None = None
-                              ) -> tuple[dict, dict[str, tuple[str, tuple[int, ...], str]], dict | None]:
-    """Read a Hub checkpoint's config and safetensors headers without downloading weights.
-
-    ``config.json`` and ``model.safetensors.index.json`` are fetched with ``hf_hub_download``; each shard's header
-    with two HTTP range requests (huggingface_hub ``parse_safetensors_file_metadata``, the building block of
-    ``get_safetensors_metadata``). Every read is pinned to the commit ``revision`` resolves to.
-
-    Args:
-        repo_id: ``namespace/name``.
-        revision: branch, tag or commit (default ``main``).
-        token: Hub token (default ``HF_TOKEN`` / login); needed for private repos.
-        endpoint: Hub URL.
-        cache_dir: huggingface_hub cache for the two JSON files (default: the HF cache).
-
-    Returns:
-        ``(config, tensors, index)``: the parsed ``config.json``; ``{tensor name: (dtype code, shape, file)}``, e.g.
-        ``{"model.embed_tokens.weight": ("BF16", (V, H), "model-00001-of-00004.safetensors")}``; the parsed index or
-        None for a single ``model.safetensors``.
-
-    Raises:
-        HubError: repo / revision not found, 401 / 403, network error (hint included).
-        CheckpointNotFoundError: no ``config.json``, or neither ``model.safetensors`` nor the index (nor any
-            ``*.safetensors``) at the top level of the repo.
-        CheckpointFormatError: malformed JSON or safetensors header.
-    """
-    _, config, tensors, index, _ = _remote_read(repo_id, revision, token, endpoint, cache_dir)
-    return config, {n: (t.dtype, t.shape, t.file) for n, t in tensors.items()}, index
-
-
-def remote_checkpoint(repo_id: str, revision: str | None = None, *, token: str | None = None,
-                      endpoint: str | None = None, cache_dir: str | Path | None = None) -> Checkpoint:
-    """A Hub checkpoint as a header-only :class:`~dsparkhub.io.checkpoint.Checkpoint` (``remote=True``).
-
-    Same reads and errors as :func:`remote_checkpoint_headers`. ``path`` is ``hub:REPO@COMMIT``; each
-    :class:`TensorInfo`'s ``start`` is the tensor's offset inside the shard's data section (the header length is not
-    transferred) and ``nbytes`` its size; tensor data cannot be read (``Checkpoint.file_path`` raises).
-    """
-    sha, config, tensors, index, metadata = _remote_read(repo_id, revision, token, endpoint, cache_dir)
-    files = list(dict.fromkeys(t.file for t in tensors.values()))
-    return Checkpoint(f"hub:{repo_id}@{sha}", config, tensors, files, index, metadata, remote=True)
-
-
-def _download_json(repo_id: str, filename: str, sha: str, token, endpoint, cache_dir) -> dict:
-    path = hf_hub_download(repo_id, filename, revision=sha, token=token, endpoint=endpoint, cache_dir=cache_dir)
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointFormatError(f"{filename} is not valid JSON: {str(exc)[:200]}",
-                                    path=f"hub:{repo_id}@{sha}/{filename}") from None
-    if not isinstance(data, dict):
-        raise CheckpointFormatError(f"{filename} must hold a JSON object", path=f"hub:{repo_id}@{sha}/{filename}")
-    return data
-
-
-def _remote_read(repo_id, revision, token, endpoint, cache_dir):
-    check_repo_id(repo_id)
-    token = token or get_token()
-    api = HfApi(endpoint=endpoint, token=token)
-    where = f"hub:{repo_id}@{revision or 'main'}"
-    try:
-        info = api.model_info(repo_id, revision=revision)
-        sha = info.sha
-        names = {s.rfilename for s in info.siblings or []}
-        if "config.json" not in names:
-            raise CheckpointNotFoundError("config.json not found in the Hub repo", path=where)
-        config = _download_json(repo_id, "config.json", sha, token, endpoint, cache_dir)
-        index = None
-        if "model.safetensors" in names:
-            shards = ["model.safetensors"]
-        elif INDEX_NAME in names:
-            index = _download_json(repo_id, INDEX_NAME, sha, token, endpoint, cache_dir)
-            weight_map = index.get("weight_map")
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-                raise CheckpointFormatError(f"{INDEX_NAME}: `weight_map` must map tensor names to shard file names",
-                                            path=f"{where}/{INDEX_NAME}")
-            shards = list(dict.fromkeys(weight_map.values()))
-        else:
-            shards = sorted(n for n in names if n.endswith(".safetensors") and "/" not in n)
-        if not shards:
-            raise CheckpointNotFoundError("no model.safetensors, index or *.safetensors at the top of the Hub repo",
-                                          path=where)
-        with ThreadPoolExecutor(max_workers=min(8, len(shards))) as pool:
-            parsed = list(pool.map(lambda f: api.parse_safetensors_file_metadata(repo_id, f, revision=sha), shards))
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"read the headers of {repo_id}", repo_id, token, reading=True) from exc
-    except EntryNotFoundError as exc:
-        raise CheckpointNotFoundError(f"a file named by the repo is missing: {exc}", path=where) from exc
-    except SafetensorsParsingError as exc:
-        raise CheckpointFormatError(f"malformed safetensors header: {exc}", path=where) from exc
-    tensors: dict[str, TensorInfo] = {}
-    metadata: dict[str, dict] = {}
-    for fname, meta in zip(shards, parsed, strict=True):
-        # re-run dsparkhub's own header checks (dtype codes, offsets vs shapes, overlaps) on what the Hub sent
-        header = {n: {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": list(t.data_offsets)}
-                  for n, t in meta.tensors.items()}
-        header["__metadata__"] = meta.metadata or {}
-        shard_tensors, metadata[fname] = parse_header_bytes(json.dumps(header).encode(), file=fname, data_size=None)
-        for name, t in shard_tensors.items():
-            if name in tensors:
-                raise CheckpointFormatError(f"tensor {name!r} appears in both {tensors[name].file!r} and {fname!r}",
-                                            path=where)
-            begin = meta.tensors[name].data_offsets[0]
-            tensors[name] = TensorInfo(name, t.dtype, t.shape, fname, begin, t.nbytes)
-    if index is not None:
-        wrong = [n for n, f in index["weight_map"].items() if n not in tensors or tensors[n].file != f]
-        if wrong:
-            raise CheckpointFormatError(f"{INDEX_NAME} maps {len(wrong)} tensor(s) to shards that do not hold them, "
-                                        f"e.g. {wrong[0]!r}", path=f"{where}/{INDEX_NAME}")
-    return sha, config, tensors, index, metadata

@@ -4,6 +4,7 @@ Nothing here is imported by the library itself; tests and users who want to try 
 Hugging Face Hub import it explicitly.
 """
 
-from dsparkhub.testing.hub_server import Fault, HubRequest, LocalHub
+from dsparkhub.testing.hub_server.hub import LocalHub
+from dsparkhub.testing.hub_server.store import Fault, HubRequest
 
 __all__ = ["Fault", "HubRequest", "LocalHub"]

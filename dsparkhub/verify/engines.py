@@ -27,7 +27,7 @@ def detect_method(draft: str | Path) -> str:
         LayoutError: no ``config.json``, no known layout matches it, or its variant is not one vLLM serves.
         CheckpointFormatError: the method found is not one a results file records (e.g. EAGLE-1).
     """
-    from dsparkhub.io.checkpoint import resolve_step_dir
+    from dsparkhub.layouts.deepspec_run import resolve_step_dir
     from dsparkhub.verify.vllm.method import method_for_drafter  # no vLLM import: only its child imports vLLM
 
     # a DeepSpec run folder: its step_latest (as every reader follows it)

@@ -144,63 +144,19 @@ def builtin_path(name: str) -> Path:
 def fetch_hub_file(spec: str) -> tuple[Path, str]:
     """Download ``owner/name[:path/in/repo.jsonl]`` from a Hub dataset repo; returns (local path, file name).
 
-    Without a file, the repo's single ``*.jsonl`` file is used. A file already in the HF cache is read from it
-    without a request; otherwise one probe of the endpoint decides first whether the Hub is reachable, so an
-    offline machine fails in seconds instead of after huggingface_hub's retries.
+    Without a file, the repo's single ``*.jsonl`` file is used; a cached file is read without a request (see
+    :func:`dsparkhub.hub.datasets.fetch_dataset_jsonl`, which does the fetching).
 
     Raises:
-        PromptFileError: no network / offline mode and nothing cached, the repo holds no or several JSONL files,
-            or the file does not exist (huggingface_hub's own error is chained).
+        PromptFileError: the spec is not ``owner/name[:file]``, no network / offline mode and nothing cached, the repo
+            holds no or several JSONL files, or the file does not exist (huggingface_hub's own error is chained).
     """
-    import httpx2
-    from huggingface_hub import hf_hub_download, list_repo_files
-    from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        OfflineModeIsEnabled, RepositoryNotFoundError)
+    from dsparkhub.hub.datasets import fetch_dataset_jsonl
 
     repo, _, filename = spec.partition(":")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise PromptFileError(f"hub dataset spec {spec!r}: expected hub:owner/name[:path/in/repo.jsonl]")
-    offline_hint = ("this machine cannot reach the Hub (or HF_HUB_OFFLINE=1 is set); download the JSONL file on a "
-                    "machine with internet and pass its path instead")
-    if filename:  # downloaded before: the HF cache answers without a request, online or not
-        try:
-            return Path(hf_hub_download(repo, filename, repo_type="dataset", local_files_only=True)), filename
-        except LocalEntryNotFoundError:
-            pass
-    unreachable = _hub_unreachable()
-    if unreachable:  # one probe instead of huggingface_hub's retries with backoff (~40 s) on every request
-        raise PromptFileError(f"cannot fetch hub:{repo}:{filename or '<jsonl>'}: {unreachable}", hint=offline_hint)
-    try:
-        if not filename:
-            files = [f for f in list_repo_files(repo, repo_type="dataset") if f.endswith(".jsonl")]
-            if len(files) != 1:
-                raise PromptFileError(f"hub dataset {repo} holds {len(files)} JSONL files "
-                                      f"({', '.join(files[:10]) or 'none'}); name one as hub:{repo}:FILE")
-            filename = files[0]
-        local = hf_hub_download(repo, filename, repo_type="dataset")
-    except (OfflineModeIsEnabled, LocalEntryNotFoundError) as exc:
-        raise PromptFileError(f"cannot fetch hub:{repo}:{filename or '<jsonl>'}: {exc}", hint=offline_hint) from exc
-    except (RepositoryNotFoundError, EntryNotFoundError) as exc:
-        raise PromptFileError(f"hub:{repo}:{filename}: not found on the Hub ({type(exc).__name__})",
-                              hint="check the dataset repo id and file path (repo_type=dataset)") from exc
-    except (HfHubHTTPError, httpx2.TransportError) as exc:  # TransportError: no route, DNS, timeouts
-        raise PromptFileError(f"cannot fetch hub:{repo}:{filename or '<jsonl>'}: {exc}", hint=offline_hint) from exc
-    return Path(local), filename
-
-
-def _hub_unreachable(timeout_s: float = 5.0) -> str | None:
-    """Why the Hub cannot be reached now (offline mode, or one HEAD of the endpoint failing at the transport level
-    within ``timeout_s``), or None when it answered (any HTTP status)."""
-    import httpx2
-    from huggingface_hub import constants, get_session, is_offline_mode
-
-    if is_offline_mode():
-        return "huggingface_hub offline mode is on (HF_HUB_OFFLINE=1) and the file is not in the HF cache"
-    try:
-        get_session().head(constants.ENDPOINT, timeout=timeout_s, follow_redirects=False)
-    except httpx2.TransportError as exc:
-        return f"the Hub at {constants.ENDPOINT} did not answer ({type(exc).__name__}: {exc})"
-    return None
+    return fetch_dataset_jsonl(repo, filename, error=PromptFileError)
 
 
 # ---- specs ------------------------------------------------------------------------------------------------------

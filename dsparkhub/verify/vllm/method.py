@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dsparkhub.errors import LayoutError
-from dsparkhub.io.checkpoint import resolve_step_dir
+from dsparkhub.layouts.deepspec_run import resolve_step_dir
 from dsparkhub.layouts.recipes import open_draft
 from dsparkhub.layouts.spec import DraftSpec
 
