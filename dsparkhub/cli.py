@@ -666,7 +666,7 @@ def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature,
 @handle_errors
 def card(draft, results_paths, template, license_, base_model, repo_id, overwrite, check_paths) -> None:
     """Write README.md (model card) and plots into the drafter folder from verify results files."""
-    from dsparkhub.card import write_card
+    from dsparkhub.card.render import write_card
 
     out = write_card(draft, list(results_paths), template=template, license=license_, base_model=base_model,
                      repo_id=repo_id, overwrite=overwrite, checks=list(check_paths))
@@ -869,7 +869,7 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     import tempfile
     from pathlib import Path
 
-    from dsparkhub.card import write_card
+    from dsparkhub.card.render import write_card
     from dsparkhub.convert import convert as run_convert
     from dsparkhub.example import build_example
     from dsparkhub.hub.push import push as push_folder

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from dsparkhub.card import CardError, write_card
+from dsparkhub.card.facts import CardError
+from dsparkhub.card.render import write_card
 from dsparkhub.cli import main
 from dsparkhub.errors import ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint
@@ -329,7 +330,7 @@ def test_cli_card(tmp_path):
 
 
 def test_a_hand_written_readme_is_kept_unless_overwrite(tmp_path):
-    from dsparkhub.card import CARD_MARKER
+    from dsparkhub.card.render import CARD_MARKER
 
     draft = make_drafter(tmp_path / "d")
     r = make_results(draft, tmp_path / "r.json")
@@ -389,7 +390,7 @@ def _local_target(path: Path, config_extra: dict | None = None) -> Path:
 
 
 def test_card_for_a_local_target_names_its_hub_id_and_no_local_path(tmp_path):
-    from dsparkhub.card import serve_command_problems
+    from dsparkhub.card.render import serve_command_problems
     from dsparkhub.verify.results import VerifyResults
 
     target = _local_target(tmp_path / "targets" / "qwen3", {"_name_or_path": "Qwen/Qwen3-8B"})
@@ -432,7 +433,7 @@ def test_target_repo_id_from_config_manifest_headers_and_skeleton(tmp_path):
 def test_card_concurrency_table_plot_and_unreliable(tmp_path):
     """A /2 file with two concurrencies: the measured table replaces the one-request caveat, the plot is written,
     and an impossible batch-1 figure (speedup above τ) is marked and never chooses n."""
-    from dsparkhub.card import serve_commands
+    from dsparkhub.card.tables import serve_commands
     from dsparkhub.verify.results import VerifyResults
 
     draft = make_drafter(tmp_path / "d")

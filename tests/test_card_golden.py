@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dsparkhub.card import write_card
+from dsparkhub.card.render import write_card
 
 DATA = Path(__file__).parent / "data" / "card"
 

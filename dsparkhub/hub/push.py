@@ -489,7 +489,8 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             ``exclude``.
         CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object.
     """
-    from dsparkhub.card import CardError, serve_command_problems
+    from dsparkhub.card.facts import CardError
+    from dsparkhub.card.render import serve_command_problems
 
     draft_dir = Path(draft_dir)
     check_repo_id(repo_id)
@@ -635,13 +636,14 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
 def _guard_readme(api: HfApi, repo_id: str, head: str | None, files: dict[str, Path], remote: dict[str, RepoFile],
                   delete: list[str] | None, token: str | None) -> None:
     """Refuse to replace a ``README.md`` on the Hub that ``dsparkhub card`` did not write (it lacks
-    :data:`dsparkhub.card.CARD_MARKER`) unless ``delete`` names ``README.md`` itself (deleting one is ruled out by
+    :data:`dsparkhub.card.render.CARD_MARKER`) unless ``delete`` names ``README.md`` itself (deleting one is ruled out by
     :func:`_deletions`). Reads the remote README only when it would change (one GET, allowed in dry runs).
 
     Raises:
         CardError: the hand-written README would go.
     """
-    from dsparkhub.card import CARD_MARKER, CardError
+    from dsparkhub.card.facts import CardError
+    from dsparkhub.card.render import CARD_MARKER
 
     ours, theirs = files.get(README), remote.get(README)
     # a README the folder lacks is deleted only when `delete` names it (see _deletions): nothing to guard then

@@ -576,6 +576,25 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
     )
 
 
+def spec_from_config(config: dict, *, path: str | Path | None = None, layout: str | None = None) -> DraftSpec:
+    """The :class:`DraftSpec` of a ``config.json`` dict alone (no tensors: ``tensors`` is empty and the draft vocab
+    comes from the config), read by the recipe ``layout`` or the one detected. What the card's overview and the
+    example's modules are built from.
+
+    Args:
+        config: the parsed ``config.json``.
+        path: the config file, for error messages.
+        layout: force a recipe by name instead of detecting it.
+
+    Raises:
+        LayoutError: no recipe (or several) matches, the config breaks the recipe's rules, or the layout counts its
+            layers from tensor names (stage-prefixed layouts need :func:`open_draft`).
+    """
+    where = Path(path).parent if path else Path(".")
+    recipe = get_recipe(layout) if layout else detect_recipe(config, path=path)
+    return read_spec(Checkpoint(str(where), config, {}, []), recipe)
+
+
 def extra_key_map(recipe: Recipe) -> dict[str, str]:
     """``extra_keys`` of a recipe as {name in :attr:`DraftSpec.extras`: config key in the layout}.
 

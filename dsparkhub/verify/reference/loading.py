@@ -23,11 +23,11 @@ from torch import nn
 from dsparkhub.errors import CheckpointFormatError, CheckpointNotFoundError, IncompatibleTargetError, LayoutError
 from dsparkhub.io.checkpoint import Checkpoint, resolve_step_dir
 from dsparkhub.layouts.causality import vllm_causality
-from dsparkhub.layouts.recipes import detect_recipe, get_recipe, open_draft, read_spec
+from dsparkhub.layouts.recipes import open_draft, spec_from_config
 from dsparkhub.layouts.spec import ANCHOR_FIRST, DraftSpec
 from dsparkhub.verify.reference.modeling import Drafter, DrafterConfig, LayerAttention
 
-__all__ = ["drafter_config_from_spec", "spec_of_config", "drafter_config_of", "resolve_layer_attention",
+__all__ = ["drafter_config_from_spec", "drafter_config_of", "resolve_layer_attention",
            "load_drafter"]
 
 _SLIDING = "sliding_attention"
@@ -35,21 +35,9 @@ _SLIDING = "sliding_attention"
 _VARIANTS = ("dspark", "dflash")
 
 
-def spec_of_config(config: dict, *, layout: str | None = None, path: str | Path | None = None) -> DraftSpec:
-    """The :class:`DraftSpec` of a drafter ``config.json`` dict with no tensors (what the example and tests build
-    modules from), read by the recipe ``layout`` or the one detected.
-
-    Raises:
-        LayoutError: no recipe (or several) matches, or the config breaks the recipe's rules.
-    """
-    where = Path(path).parent if path else Path(".")
-    recipe = get_recipe(layout) if layout else detect_recipe(config, path=path)
-    return read_spec(Checkpoint(str(where), config, {}, []), recipe)
-
-
 def drafter_config_of(config: dict, *, layout: str | None = None) -> DrafterConfig:
-    """:func:`drafter_config_from_spec` of :func:`spec_of_config` (a config dict -> the drafter's numerics)."""
-    return drafter_config_from_spec(spec_of_config(config, layout=layout))
+    """:func:`drafter_config_from_spec` of ``recipes.spec_from_config`` (a config dict -> the drafter's numerics)."""
+    return drafter_config_from_spec(spec_from_config(config, layout=layout))
 
 
 def _rope_theta(decoder: dict, path) -> float:
