@@ -37,7 +37,8 @@ from dsparkhub import __version__
 from dsparkhub.io.checkpoint import ATTACH_RECORD, INDEX_NAME, file_identity, open_checkpoint, parse_header_bytes
 from dsparkhub.errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
 from dsparkhub.io.hashing import sha256_file
-from dsparkhub.layouts.recipes import OpenedDraft, get_recipe, open_draft
+from dsparkhub.layouts.reading import OpenedDraft, open_draft
+from dsparkhub.layouts.recipes import get_recipe
 from dsparkhub.target import target_from_checkpoint
 from dsparkhub.io.writer import (SourceBytes, atomic_output, background_flush, refuse_overlap, write_file, write_json,
                      write_safetensors, write_shards)

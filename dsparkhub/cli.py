@@ -194,7 +194,7 @@ def _pickle_source(path: str, allow_pickle: bool) -> str:
 @handle_errors
 def inspect(path: str, layout: str | None, as_json: bool, allow_pickle: bool) -> None:
     """Describe a drafter checkpoint (any known layout) from its config and safetensors headers."""
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
 
     d = open_draft(_pickle_source(path, allow_pickle), layout=layout)
     if as_json:
@@ -873,7 +873,7 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     from dsparkhub.convert import convert as run_convert
     from dsparkhub.example import build_example
     from dsparkhub.hub.push import push as push_folder
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
     from dsparkhub.testing.hub_server import LocalHub
     from dsparkhub.validate import validate as run_validate
     from dsparkhub.verify.results import format_summary_table

@@ -32,8 +32,9 @@ from dsparkhub import __version__
 from dsparkhub.io.checkpoint import _expected_nbytes, pickle_weight_files, resolve_step_dir
 from dsparkhub.errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
 from dsparkhub.io.hashing import sha256_file, sha256_files
-from dsparkhub.layouts.recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
-                      resolve_output_recipe, write_config)
+from dsparkhub.layouts.reading import OpenedDraft, open_draft
+from dsparkhub.layouts.recipes import Recipe, block_layout_of, can_hold, load_recipes, resolve_output_recipe
+from dsparkhub.layouts.writing import DERIVED_TENSORS, write_config
 from dsparkhub.target import TargetSpec, open_target
 from dsparkhub.validate import Finding, ValidationReport, validate
 from dsparkhub.io.writer import SourceBytes, atomic_output, refuse_overlap, write_json, write_shards

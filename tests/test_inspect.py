@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from dsparkhub.io.checkpoint import open_checkpoint, read_header
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError, CheckpointNotFoundError, LayoutError, UnsafeCheckpointError
-from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.reading import open_draft
 from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target, make_zlab_dflash_drafter
 
 

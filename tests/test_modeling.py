@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from dsparkhub.errors import CheckpointNotFoundError, IncompatibleTargetError, LayoutError
 from dsparkhub.example import make_tiny_drafter, make_tiny_target
-from dsparkhub.layouts.recipes import spec_from_config as spec_of_config
+from dsparkhub.layouts.reading import spec_from_config as spec_of_config
 from dsparkhub.verify.reference.loading import load_drafter, resolve_layer_attention
 from dsparkhub.verify.reference.loading import drafter_config_of as drafter_config_from_dict
 from dsparkhub.verify.reference.modeling import ContextCache, Drafter, LayerAttention, attention_mask, target_features

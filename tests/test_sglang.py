@@ -52,7 +52,7 @@ def test_vllm_output_mirrors_the_dflash_config_keys_sglang_reads(models, tmp_pat
 
 def test_vllm_output_converts_back_without_carrying_dflash_config_twice(models, tmp_path):
     from dsparkhub.convert import convert
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
 
     target, step = models
     convert(step, tmp_path / "a", target)

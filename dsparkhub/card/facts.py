@@ -15,7 +15,7 @@ from typing import Any
 
 from dsparkhub.errors import CheckpointNotFoundError, DsparkhubError, ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint
-from dsparkhub.layouts.recipes import spec_from_config
+from dsparkhub.layouts.reading import spec_from_config
 from dsparkhub.layouts.spec import DraftSpec
 from dsparkhub.verify.results import VerifyResults
 
@@ -177,7 +177,7 @@ def is_repo_id(value: str | None) -> bool:
 
 def drafter_spec(draft: str | Path, cfg: dict) -> DraftSpec:
     """The drafter's :class:`DraftSpec`, read from its ``config.json`` dict by the layout recipes (the card needs no
-    tensor data; ``recipes.spec_from_config``).
+    tensor data; ``reading.spec_from_config``).
 
     Raises:
         LayoutError: no recipe reads the config, or it breaks the layout's rules.

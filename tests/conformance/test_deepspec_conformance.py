@@ -40,7 +40,7 @@ def test_fixture_is_what_deepspec_writes():
 def test_copied_run_reads_its_own_step_not_the_original(tmp_path):
     """Issue 12 item 4: a copied run's absolute ``step_latest`` still names the original; the copy's step is read."""
     from dsparkhub.io.checkpoint import resolve_step_dir
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
 
     original = _deepspec_run_at(tmp_path / "A")
     copy = tmp_path / "B" / "run"

@@ -1,7 +1,7 @@
 """From a drafter on disk to a filled :class:`~dsparkhub.verify.reference.modeling.Drafter`.
 
 The layout recipes (``dsparkhub.layouts.recipes``) are the one reader of drafter configs: :func:`load_drafter` opens
-the folder with :func:`~dsparkhub.layouts.recipes.open_draft`, turns the :class:`~dsparkhub.layouts.spec.DraftSpec`
+the folder with :func:`~dsparkhub.layouts.reading.open_draft`, turns the :class:`~dsparkhub.layouts.spec.DraftSpec`
 into a :class:`DrafterConfig` (:func:`drafter_config_from_spec`) and reads the tensors through
 ``dsparkhub.io.checkpoint`` (the same header checks and shard-path policy as ``convert`` and ``validate``), under the
 spec's canonical names (vLLM 0.32 / DeepSpec checkpoint names).
@@ -23,7 +23,7 @@ from torch import nn
 from dsparkhub.errors import CheckpointFormatError, CheckpointNotFoundError, IncompatibleTargetError, LayoutError
 from dsparkhub.io.checkpoint import Checkpoint, resolve_step_dir
 from dsparkhub.layouts.causality import vllm_causality
-from dsparkhub.layouts.recipes import open_draft, spec_from_config
+from dsparkhub.layouts.reading import open_draft, spec_from_config
 from dsparkhub.layouts.spec import ANCHOR_FIRST, DraftSpec
 from dsparkhub.verify.reference.modeling import Drafter, DrafterConfig, LayerAttention
 
@@ -36,7 +36,7 @@ _VARIANTS = ("dspark", "dflash")
 
 
 def drafter_config_of(config: dict, *, layout: str | None = None) -> DrafterConfig:
-    """:func:`drafter_config_from_spec` of ``recipes.spec_from_config`` (a config dict -> the drafter's numerics)."""
+    """:func:`drafter_config_from_spec` of ``reading.spec_from_config`` (a config dict -> the drafter's numerics)."""
     return drafter_config_from_spec(spec_from_config(config, layout=layout))
 
 
