@@ -40,7 +40,8 @@ from dsparkhub.io.header import parse_header_bytes
 from dsparkhub.errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
 from dsparkhub.io.hashing import sha256_file
 from dsparkhub.io.sharding import plan_shards
-from dsparkhub.layouts.recipes import OpenedDraft, get_recipe, open_draft
+from dsparkhub.layouts.reading import OpenedDraft, open_draft
+from dsparkhub.layouts.recipes import get_recipe
 from dsparkhub.target import target_from_checkpoint
 from dsparkhub.io.output import atomic_output, background_flush, refuse_overlap, write_json
 from dsparkhub.io.writer import SourceBytes, write_file, write_safetensors, write_shards

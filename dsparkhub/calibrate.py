@@ -139,7 +139,7 @@ def check_drafter(draft: str | Path):
         CalibrationError: not a DSpark drafter, no confidence head declared or its tensors absent, or a block that
             does not propose ``block_size`` tokens (1+N: SGLang's γ would not match the positions drafted).
     """
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
 
     d = open_draft(draft)
     spec = d.spec

@@ -194,7 +194,7 @@ def _pickle_source(path: str, allow_pickle: bool) -> str:
 @handle_errors
 def inspect(path: str, layout: str | None, as_json: bool, allow_pickle: bool) -> None:
     """Describe a drafter checkpoint (any known layout) from its config and safetensors headers."""
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
 
     d = open_draft(_pickle_source(path, allow_pickle), layout=layout)
     if as_json:
@@ -670,7 +670,7 @@ def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature,
 @handle_errors
 def card(draft, results_paths, template, license_, base_model, repo_id, overwrite, check_paths) -> None:
     """Write README.md (model card) and plots into the drafter folder from verify results files."""
-    from dsparkhub.card import write_card
+    from dsparkhub.card.render import write_card
 
     out = write_card(draft, list(results_paths), template=template, license=license_, base_model=base_model,
                      repo_id=repo_id, overwrite=overwrite, checks=list(check_paths))
@@ -873,11 +873,11 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     import tempfile
     from pathlib import Path
 
-    from dsparkhub.card import write_card
+    from dsparkhub.card.render import write_card
     from dsparkhub.convert import convert as run_convert
     from dsparkhub.example import build_example
     from dsparkhub.hub.push import push as push_folder
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
     from dsparkhub.testing import LocalHub
     from dsparkhub.validate import validate as run_validate
     from dsparkhub.verify.results.table import format_summary_table

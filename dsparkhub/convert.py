@@ -34,8 +34,9 @@ from dsparkhub.io.pickle_weights import pickle_weight_files
 from dsparkhub.layouts.deepspec_run import resolve_step_dir
 from dsparkhub.errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
 from dsparkhub.io.hashing import sha256_file, sha256_files
-from dsparkhub.layouts.recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
-                      resolve_output_recipe, write_config)
+from dsparkhub.layouts.reading import OpenedDraft, open_draft
+from dsparkhub.layouts.recipes import Recipe, block_layout_of, can_hold, load_recipes, resolve_output_recipe
+from dsparkhub.layouts.writing import DERIVED_TENSORS, write_config
 from dsparkhub.target import TargetSpec, open_target
 from dsparkhub.validate import Finding, ValidationReport, validate
 from dsparkhub.io.output import atomic_output, refuse_overlap, write_json

@@ -361,7 +361,7 @@ def sparse_drafter(out: str | Path, config: dict, *, layout: str | None = None) 
         LayoutError: the config matches no layout, or the layout has no family table.
     """
     from dsparkhub.layouts.families import expected_tensors
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dsparkhub.layouts.recipes import OpenedDraft, open_draft
+from dsparkhub.layouts.reading import OpenedDraft, open_draft
 from dsparkhub.layouts.spec import ANCHOR_FIRST, DraftSpec
 from dsparkhub.target import TargetSpec, open_target
 

@@ -18,7 +18,7 @@ from dsparkhub.cli import main
 from dsparkhub.convert import convert
 from dsparkhub.errors import ConversionRefusedError, OutputExistsError, UnsafeCheckpointError, ValidationFailedError
 from dsparkhub.io.hashing import sha256_file
-from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.reading import open_draft
 from dsparkhub.testing import factories as F
 from dsparkhub.validate import validate
 

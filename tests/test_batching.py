@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsparkhub.example import make_tiny_drafter, make_tiny_target
+from dsparkhub.example.layouts import make_tiny_drafter, make_tiny_target
 from dsparkhub.verify import runner
 from dsparkhub.torch_threads import threads_for
 from dsparkhub.verify.reference.engine import ReferenceEngine

@@ -11,12 +11,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from dsparkhub.card import CardError, write_card
+from dsparkhub.card.facts import CardError
+from dsparkhub.card.render import write_card
 from dsparkhub.cli import main
 from dsparkhub.errors import ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint
-from dsparkhub.verify.results.derive import build_results
 from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings
+from dsparkhub.verify.results.derive import build_results
 from dsparkhub.verify.stats import RunStats
 
 OUT_A = [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23]]
@@ -330,7 +331,7 @@ def test_cli_card(tmp_path):
 
 
 def test_a_hand_written_readme_is_kept_unless_overwrite(tmp_path):
-    from dsparkhub.card import CARD_MARKER
+    from dsparkhub.card.render import CARD_MARKER
 
     draft = make_drafter(tmp_path / "d")
     r = make_results(draft, tmp_path / "r.json")
@@ -390,8 +391,8 @@ def _local_target(path: Path, config_extra: dict | None = None) -> Path:
 
 
 def test_card_for_a_local_target_names_its_hub_id_and_no_local_path(tmp_path):
-    from dsparkhub.card import serve_command_problems
-    from dsparkhub.verify.results.reading import read_results
+    from dsparkhub.card.render import serve_command_problems
+    from dsparkhub.verify.results.schema import VerifyResults
 
     target = _local_target(tmp_path / "targets" / "qwen3", {"_name_or_path": "Qwen/Qwen3-8B"})
     draft = make_drafter(tmp_path / "d")
@@ -400,7 +401,7 @@ def test_card_for_a_local_target_names_its_hub_id_and_no_local_path(tmp_path):
     data["target"]["id"] = str(target)  # a results file written before results named targets by Hub id
     data["datasets"][0]["source"] = str(tmp_path / "data" / "gsm-mini.jsonl")
     path.write_text(json.dumps(data))
-    read_results(path)
+    VerifyResults.load(path)
     text = write_card(draft, [path], repo_id="org/d").readme.read_text()
     assert front_matter(text)["base_model"] == "Qwen/Qwen3-8B"
     assert "vllm serve Qwen/Qwen3-8B" in text and "- **Target:** `Qwen/Qwen3-8B`" in text
@@ -433,8 +434,8 @@ def test_target_repo_id_from_config_manifest_headers_and_skeleton(tmp_path):
 def test_card_concurrency_table_plot_and_unreliable(tmp_path):
     """A /2 file with two concurrencies: the measured table replaces the one-request caveat, the plot is written,
     and an impossible batch-1 figure (speedup above τ) is marked and never chooses n."""
-    from dsparkhub.card import serve_commands
-    from dsparkhub.verify.results.reading import read_results
+    from dsparkhub.card.tables import serve_commands
+    from dsparkhub.verify.results.schema import VerifyResults
 
     draft = make_drafter(tmp_path / "d")
     base = {1: [RunStats(outputs=OUT_A, wall_s=4.0)], 4: [RunStats(outputs=OUT_A, wall_s=2.0)]}
@@ -447,7 +448,7 @@ def test_card_concurrency_table_plot_and_unreliable(tmp_path):
                         settings=Settings(0.0, 7, 13, [3, 7], concurrency=[1, 4]),
                         runs=[("gsm-mini", "/data/gsm-mini.jsonl", base, by)], date="2026-11-30T21:04:05+00:00")
     path = res.save(tmp_path / "r.json")
-    assert serve_commands(read_results(path), target="t", model="m")["n"] == 3  # not the impossible n=7
+    assert serve_commands(VerifyResults.load(path), target="t", model="m")["n"] == 3  # not the impossible n=7
     out = write_card(draft, [path])
     text = out.readme.read_text()
     assert "8.00x (unreliable)" in text and "exceeds τ 5.00" in text

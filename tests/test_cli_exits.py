@@ -24,12 +24,12 @@ def test_skeleton_of_a_release_name_writes_its_target(tmp_path):
 
 
 def test_ctrl_c_exits_130(models, monkeypatch):
-    import dsparkhub.layouts.recipes
+    import dsparkhub.layouts.reading
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dsparkhub.layouts.recipes, "open_draft", interrupted)
+    monkeypatch.setattr(dsparkhub.layouts.reading, "open_draft", interrupted)
     res = CliRunner().invoke(main, ["inspect", str(models[0])])
     assert res.exit_code == 130 and "interrupted" in res.output
 

@@ -17,7 +17,7 @@ from dsparkhub.convert import PROVENANCE_NAME, convert, plan_conversion
 from dsparkhub.errors import (CheckpointNotFoundError, ConversionRefusedError, OutputExistsError,
                               ValidationFailedError)
 from dsparkhub.io.hashing import sha256_file
-from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.reading import open_draft
 from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target, make_zlab_dflash_drafter
 
 

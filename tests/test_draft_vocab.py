@@ -13,7 +13,7 @@ from dsparkhub.cli import main
 from dsparkhub.convert import convert, plan_conversion
 from dsparkhub.draft_vocab import choose_draft_vocab
 from dsparkhub.errors import ConversionRefusedError
-from dsparkhub.verify.reference.modeling import load_drafter
+from dsparkhub.verify.reference.loading import load_drafter
 from dsparkhub.testing import factories as F
 from dsparkhub.validate import validate
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import dsparkhub.example as example_mod
 from dsparkhub.example import SHIPPED_FILES, build_example, example_key, shipped_example_dir, shipped_key
-from dsparkhub.verify.reference.modeling import load_drafter
+from dsparkhub.verify.reference.loading import load_drafter
 
 torch.set_num_threads(1)
 MAX_NEW = example_mod.EXAMPLE_RECIPE["eval"]["max_new_tokens"]

@@ -14,7 +14,7 @@ from dsparkhub.io.checkpoint import open_checkpoint
 from dsparkhub.io.header import read_header
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError, CheckpointNotFoundError, LayoutError, UnsafeCheckpointError
-from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.reading import open_draft
 from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target, make_zlab_dflash_drafter
 
 

@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 from dsparkhub.io.checkpoint import open_checkpoint
 from dsparkhub.convert import convert, plan_conversion
 from dsparkhub.errors import ConversionRefusedError, LayoutError
-from dsparkhub.layouts.recipes import get_recipe, load_recipes, open_draft
+from dsparkhub.layouts.reading import open_draft
+from dsparkhub.layouts.recipes import get_recipe, load_recipes
 from dsparkhub.testing import factories as F
 from dsparkhub.validate import validate
 

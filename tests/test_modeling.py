@@ -1,4 +1,5 @@
-"""dsparkhub.verify.reference.modeling: config resolution (vLLM precedence), checkpoint names, loading, backbone semantics."""
+"""dsparkhub.verify.reference.modeling / loading: DraftSpec -> module config (vLLM precedence, read by the recipes),
+checkpoint names, loading, backbone semantics."""
 
 from __future__ import annotations
 
@@ -9,19 +10,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dsparkhub.errors import CheckpointNotFoundError, IncompatibleTargetError, LayoutError
-from dsparkhub.example import make_tiny_drafter, make_tiny_target
-from dsparkhub.verify.reference.modeling import (
-    ContextCache,
-    Drafter,
-    LayerAttention,
-    attention_mask,
-    drafter_config_from_dict,
-    load_drafter,
-    resolve_layer_attention,
-    resolve_mask_token_id,
-    resolve_target_layer_ids,
-    target_features,
-)
+from dsparkhub.example.layouts import make_tiny_drafter, make_tiny_target
+from dsparkhub.layouts.reading import spec_from_config as spec_of_config
+from dsparkhub.verify.reference.loading import load_drafter, resolve_layer_attention
+from dsparkhub.verify.reference.loading import drafter_config_of as drafter_config_from_dict
+from dsparkhub.verify.reference.modeling import ContextCache, Drafter, LayerAttention, attention_mask, target_features
 
 torch.set_num_threads(1)
 
@@ -33,39 +26,44 @@ def target(tmp_path_factory):
     return folder, model
 
 
-@pytest.mark.parametrize("cfg, expected", [
+def _vllm_cfg(**kw):
+    """A vLLM-layout drafter config (``converters/vllm.yaml``) with ``kw`` in place of its ids and mask token."""
+    cfg = _base_cfg(sample_from_anchor=True)
+    del cfg["target_layer_ids"], cfg["mask_token_id"]
+    cfg.update({"target_layer_ids": [0, 1], "mask_token_id": 63})
+    cfg.update(kw)
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+@pytest.mark.parametrize("keys, expected", [
     ({"target_layer_ids": [0, 2]}, (0, 2)),
-    ({"dspark_target_layer_ids": [1], "target_layer_ids": [0, 2]}, (1,)),
-    ({"dflash_config": {"target_layer_ids": [1, 2]}, "target_layer_ids": [0]}, (1, 2)),
-    ({"eagle_aux_hidden_state_layer_ids": [1, 3], "target_layer_ids": [5]}, (0, 2)),  # hidden-state index - 1
-    ({"dflash_config": {"layer_ids": [2, 4]}}, (1, 3)),
-    ({"eagle_config": {"layer_ids": [1]}}, (0,)),
     ({"target_layer_ids": [-1, 0]}, (-1, 0)),
 ])
-def test_target_layer_id_precedence_and_numbering(cfg, expected):
-    assert resolve_target_layer_ids(cfg) == expected
+def test_target_layer_id_precedence_and_numbering(keys, expected):
+    """Target layer ids as the vllm recipe reads them (layer-index numbering)."""
+    assert drafter_config_from_dict(_vllm_cfg(**keys)).target_layer_ids == expected
 
 
-@pytest.mark.parametrize("cfg", [{}, {"target_layer_ids": []}, {"target_layer_ids": "0,1"}])
-def test_target_layer_ids_missing_or_bad(cfg):
+@pytest.mark.parametrize("keys", [{"target_layer_ids": []}, {"target_layer_ids": "0,1"}])
+def test_target_layer_ids_missing_or_bad(keys):
     with pytest.raises(LayoutError, match="target"):
-        resolve_target_layer_ids(cfg)
+        drafter_config_from_dict(_vllm_cfg(**keys))
 
 
-@pytest.mark.parametrize("cfg, expected", [
+@pytest.mark.parametrize("keys, expected", [
     ({"dflash_config": {"mask_token_id": 5}, "mask_token_id": 6}, 5),
     ({"mask_token_id": 6, "dspark_noise_token_id": 7}, 6),
-    ({"dspark_noise_token_id": 7, "pard_token": 8}, 7),
-    ({"pard_token": 8, "ptd_token_id": 9}, 8),
-    ({"ptd_token_id": 9}, 9),
+    ({"mask_token_id": None, "dspark_noise_token_id": 7, "pard_token": 8}, 7),
+    ({"mask_token_id": None, "pard_token": 8, "ptd_token_id": 9}, 8),
+    ({"mask_token_id": None, "ptd_token_id": 9}, 9),
 ])
-def test_mask_token_precedence(cfg, expected):
-    assert resolve_mask_token_id(cfg) == expected
+def test_mask_token_precedence(keys, expected):
+    assert drafter_config_from_dict(_vllm_cfg(**keys)).mask_token_id == expected
 
 
 def test_mask_token_missing():
     with pytest.raises(LayoutError, match="mask token"):
-        resolve_mask_token_id({"mask_token_id": None})
+        drafter_config_from_dict(_vllm_cfg(mask_token_id=None))
 
 
 def _base_cfg(**kw):
@@ -87,10 +85,6 @@ def test_kind_and_layout_resolution():
     assert (f.kind, f.sample_from_anchor, f.markov_rank, f.enable_confidence_head) == ("dflash", False, 0, False)
     with pytest.raises(LayoutError, match="DSparkDraftModel"):
         drafter_config_from_dict(_base_cfg(architectures=["DSparkDraftModel"], model_type="deepseek_v4"))
-    with pytest.raises(LayoutError, match="markov_rank"):
-        cfg = _base_cfg()
-        del cfg["markov_rank"]
-        drafter_config_from_dict(cfg)
     with pytest.raises(LayoutError, match="no window size is set"):
         drafter_config_from_dict(_base_cfg(layer_types=["sliding_attention"], sliding_window=8))
 
@@ -257,8 +251,8 @@ SWA, FULL = "sliding_attention", "full_attention"
     ({"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1}, [(None, False), (5, True)]),
 ])
 def test_layer_attention_resolution(keys, expected):
-    cfg = _base_cfg(num_hidden_layers=2, **keys)
-    got = resolve_layer_attention(cfg)
+    cfg = _base_cfg(num_hidden_layers=2, sample_from_anchor=True, **keys)
+    got = resolve_layer_attention(spec_of_config(cfg))
     assert [(a.sliding_window, a.causal) for a in got] == expected
     assert drafter_config_from_dict(cfg).layer_attention == got
 
@@ -273,7 +267,7 @@ def test_layer_attention_resolution(keys, expected):
 ])
 def test_layer_attention_refusals(keys, match):
     with pytest.raises(LayoutError, match=match):
-        drafter_config_from_dict(_base_cfg(**keys))
+        drafter_config_from_dict(_base_cfg(sample_from_anchor=True, **keys))
 
 
 def test_attention_mask_follows_flash_attention_windows():
@@ -292,8 +286,8 @@ def _sliding(drafter: Drafter, **keys) -> Drafter:
     """``drafter`` with the same weights and a config whose draft layers follow ``keys``."""
     import dataclasses
 
-    cfg = _base_cfg(num_hidden_layers=drafter.config.num_hidden_layers, **keys)
-    modes = resolve_layer_attention(cfg)
+    cfg = _base_cfg(num_hidden_layers=drafter.config.num_hidden_layers, sample_from_anchor=True, **keys)
+    modes = resolve_layer_attention(spec_of_config(cfg))
     other = Drafter(dataclasses.replace(drafter.config, layer_attention=modes)).eval()
     other.load_state_dict(drafter.state_dict())
     return other

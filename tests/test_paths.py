@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from dsparkhub.io.checkpoint import INDEX_NAME, open_checkpoint
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError, UnsafeCheckpointError
-from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.reading import open_draft
 from dsparkhub.testing.factories import make_deepspec_drafter, make_v4_target
 from dsparkhub.testing.fuzz import time_limit
 from dsparkhub.validate import validate

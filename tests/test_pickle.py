@@ -19,7 +19,7 @@ from dsparkhub.io.checkpoint import open_checkpoint
 from dsparkhub.io.pickle_weights import pickle_as_safetensors
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointFormatError, UnsafeCheckpointError
-from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.reading import open_draft
 
 torch.set_num_threads(1)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dsparkhub.errors import VerifyError
-from dsparkhub.example import make_tiny_drafter, make_tiny_target
+from dsparkhub.example.layouts import make_tiny_drafter, make_tiny_target
 from dsparkhub.verify.reference.modeling import target_features
 from dsparkhub.verify.reference.engine import ReferenceEngine, rejection_step
 

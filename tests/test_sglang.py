@@ -52,7 +52,7 @@ def test_vllm_output_mirrors_the_dflash_config_keys_sglang_reads(models, tmp_pat
 
 def test_vllm_output_converts_back_without_carrying_dflash_config_twice(models, tmp_path):
     from dsparkhub.convert import convert
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
 
     target, step = models
     convert(step, tmp_path / "a", target)
@@ -235,7 +235,7 @@ def test_sglang_finds_the_dspark_subfolder_without_a_draft_path(example, tmp_pat
 @pytest.mark.parametrize("method, flag, block", [("dspark", "--speculative-dspark-block-size 5", 5),
                                                   ("dflash", "--speculative-dflash-block-size 6", 6)])
 def test_sglang_launch_spells_gamma_against_gamma_plus_one(method, flag, block):
-    from dsparkhub.card_engines import sglang_launch
+    from dsparkhub.card.engines import sglang_launch
 
     s = sglang_launch(method, 5, target="Qwen/Qwen3-8B", model="me/d", tensor_parallel_size=8, max_model_len=20000)
     assert s["cli"].split(" \\\n  ") == ["python -m sglang.launch_server --model-path Qwen/Qwen3-8B",
@@ -249,7 +249,7 @@ def test_sglang_launch_spells_gamma_against_gamma_plus_one(method, flag, block):
 def test_card_gives_the_sglang_command_and_the_engine_checks(tmp_path):
     from test_card import make_drafter, make_results
 
-    from dsparkhub.card import write_card
+    from dsparkhub.card.render import write_card
 
     draft = make_drafter(tmp_path / "d")
     results = make_results(draft, tmp_path / "r.json")
@@ -272,7 +272,8 @@ def test_card_gives_the_sglang_command_and_the_engine_checks(tmp_path):
 def test_card_refuses_a_check_report_that_is_not_one(tmp_path):
     from test_card import make_drafter, make_results
 
-    from dsparkhub.card import CardError, write_card
+    from dsparkhub.card.facts import CardError
+    from dsparkhub.card.render import write_card
 
     draft = make_drafter(tmp_path / "d")
     results = make_results(draft, tmp_path / "r.json")

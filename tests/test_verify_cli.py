@@ -484,6 +484,9 @@ def test_prompts_longer_than_the_context_are_warned_about(setup):
 
 def test_warnings_are_stored_in_the_results_and_listed_on_the_card(setup, tmp_path):
     draft, target, prompts = setup
+    cfg = json.loads((draft / "config.json").read_text())  # the card's facts come from the DraftSpec the recipes
+    cfg.update(target_layer_ids=[0], hidden_size=8, vocab_size=16)  # read: a config they can read
+    (draft / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "results.json"
     r = runner.run_verify(draft, target,
                           VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2], max_new_tokens=4,

@@ -55,7 +55,7 @@ def _drafters(root):
 
 
 def test_method_for_drafter_from_the_spec(tmp_path):
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
 
     for folder, expected in _drafters(tmp_path):
         assert method_for_drafter(folder) == expected, folder
@@ -65,7 +65,7 @@ def test_method_for_drafter_from_the_spec(tmp_path):
 def test_method_for_spec_refuses_unknown_variant(tmp_path):
     import dataclasses
 
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
     from dsparkhub.testing.factories import make_eagle3_drafter, make_qwen3_target
 
     spec = open_draft(make_eagle3_drafter(tmp_path / "d", make_qwen3_target(tmp_path / "t"))).spec

@@ -30,7 +30,8 @@ import torch
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # slow: reads the embedded example (built once, cached)
 pytest.importorskip("vllm")
 
-from dsparkhub.verify.reference.modeling import load_drafter, target_features  # noqa: E402
+from dsparkhub.verify.reference.loading import load_drafter  # noqa: E402
+from dsparkhub.verify.reference.modeling import target_features  # noqa: E402
 from dsparkhub.verify.reference.engine import load_target  # noqa: E402
 
 ATOL = 1e-5

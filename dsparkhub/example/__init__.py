@@ -110,14 +110,16 @@ def shipped_key(folder: Path | None = None) -> str:
 
 
 def example_key() -> str:
-    """16 hex digits identifying a from-scratch build: the trainer's and modeling's source, the recipe, versions."""
+    """16 hex digits identifying a from-scratch build: the trainer's, modeling's and loading's source, the recipe,
+    versions."""
     import tokenizers
     import torch
     import transformers
 
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for path in (here / "train.py", here.parent / "verify" / "reference" / "modeling.py"):
+    for path in (here / "train.py", here.parent / "verify" / "reference" / "modeling.py",
+                 here.parent / "verify" / "reference" / "loading.py"):
         h.update(path.read_bytes())
     from dsparkhub.example.train import EXAMPLE_RECIPE
 

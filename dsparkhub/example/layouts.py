@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from dsparkhub.verify.reference.modeling import Drafter, drafter_config_from_dict
+from dsparkhub.verify.reference.loading import drafter_config_of
+from dsparkhub.verify.reference.modeling import Drafter
 
 __all__ = ["dspark_config_dict", "dflash_config_dict", "save_deepspec_step", "save_safetensors", "make_tiny_target",
            "make_tiny_drafter"]
@@ -159,7 +160,7 @@ def make_tiny_drafter(folder: str | Path | None, target_model, *, kind: str = "d
     else:
         raise ValueError(f"kind must be 'dspark' or 'dflash', found {kind!r}")
     torch.manual_seed(seed)
-    drafter = Drafter(drafter_config_from_dict(cfg)).eval()
+    drafter = Drafter(drafter_config_of(cfg)).eval()
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight)
         drafter.lm_head.weight.copy_(target_model.get_output_embeddings().weight)

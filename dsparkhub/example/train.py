@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from dsparkhub import __version__
 from dsparkhub.errors import DsparkhubError
-from dsparkhub.verify.reference.modeling import Drafter, count_parameters, drafter_config_from_dict, target_features
+from dsparkhub.verify.reference.loading import drafter_config_of
+from dsparkhub.verify.reference.modeling import Drafter, count_parameters, target_features
 from dsparkhub.example.layouts import dflash_config_dict, dspark_config_dict, save_deepspec_step, save_safetensors
 
 __all__ = ["EXAMPLE_RECIPE", "SPECIAL_TOKENS", "train_example_into", "measure_example"]
@@ -265,7 +266,7 @@ def _train_drafter(drafter: Drafter, seqs, feats, last_hidden, target_lm_head, p
 
 def _init_drafter(cfg_dict: dict, target_model, seed: int) -> Drafter:
     torch.manual_seed(seed)
-    drafter = Drafter(drafter_config_from_dict(cfg_dict))
+    drafter = Drafter(drafter_config_of(cfg_dict))
     with torch.no_grad():
         for name, p in drafter.named_parameters():
             if p.dim() == 2 and not name.startswith(("embed_tokens", "lm_head")):

@@ -316,7 +316,8 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             ``exclude``.
         CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object.
     """
-    from dsparkhub.card import CardError, serve_command_problems
+    from dsparkhub.card.facts import CardError
+    from dsparkhub.card.render import serve_command_problems
 
     draft_dir = Path(draft_dir)
     check_repo_id(repo_id)

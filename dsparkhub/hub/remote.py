@@ -86,7 +86,8 @@ def guard_readme(api: HfApi, repo_id: str, head: str | None, files: dict[str, Pa
     Raises:
         CardError: the hand-written README would go.
     """
-    from dsparkhub.card import CARD_MARKER, CardError
+    from dsparkhub.card.render import CARD_MARKER
+    from dsparkhub.card.facts import CardError
 
     ours, theirs = files.get(README), remote.get(README)
     # a README the folder lacks is deleted only when `delete` names it (see files.deletions): nothing to guard then

@@ -25,11 +25,37 @@ from dsparkhub.layouts.spec import DraftSpec
 SLIDING = "sliding_attention"
 
 
-def _layer_types(decoder: dict, n: int) -> list[str]:
+def _layer_types(decoder: dict, n: int, *, qwen3_fill: bool = False) -> list[str]:
+    """The decoder's ``layer_types``; without them all full attention, or with ``qwen3_fill`` the list transformers'
+    ``Qwen3Config`` fills in when absent (sliding from ``max_window_layers`` on, default 28, when
+    ``use_sliding_window`` keeps a ``sliding_window``; transformers ``models/qwen3/configuration_qwen3.py:87-95``),
+    which is what vLLM 0.32 reads."""
     types = decoder.get("layer_types")
     if isinstance(types, list) and len(types) == n and all(isinstance(t, str) for t in types):
         return types
+    if qwen3_fill and types is None and decoder.get("use_sliding_window") is True \
+            and decoder.get("sliding_window") is not None:
+        first = decoder.get("max_window_layers", 28)
+        if type(first) is int:
+            return [SLIDING if i >= first else "full_attention" for i in range(n)]
     return ["full_attention"] * n
+
+
+def vllm_causality(cfg: dict, decoder: dict, n: int) -> list[bool]:
+    """vLLM 0.32 ``qwen3_dflash.py:86`` ``_dflash_layer_causal`` for ``n`` draft layers: top-level ``is_causal``, else
+    ``dflash_config.causal``, for every layer; else causal exactly where the (transformers-filled) layer type is
+    ``sliding_attention``.
+
+    Raises:
+        LayoutError: ``is_causal`` / ``dflash_config.causal`` is not a JSON boolean.
+    """
+    for key in ("is_causal", "dflash_config.causal"):
+        value = get_key(cfg, key, None)
+        if value is not None:
+            if type(value) is not bool:
+                raise LayoutError(f"config key `{key}` must be true or false, found {value!r}")
+            return [value] * n
+    return [t == SLIDING for t in _layer_types(decoder, n, qwen3_fill=True)]
 
 
 def _speculators_default(recipe: Recipe, variant: str) -> bool:
@@ -55,15 +81,9 @@ def read_causality(cfg: dict, decoder: dict, recipe: Recipe, variant: str) -> li
     n = decoder.get("num_hidden_layers") or 0
     if rule is None or type(n) is not int:
         return None
-    types = _layer_types(decoder, n)
     if rule == "vllm":
-        for key in ("is_causal", "dflash_config.causal"):
-            value = get_key(cfg, key, None)
-            if value is not None:
-                if type(value) is not bool:
-                    raise LayoutError(f"config key `{key}` must be true or false, found {value!r}")
-                return [value] * n
-        return [t == SLIDING for t in types]
+        return vllm_causality(cfg, decoder, n)
+    types = _layer_types(decoder, n)
     if rule == "speculators":
         value = cfg.get("sliding_window_non_causal")
         if value is None:
@@ -81,7 +101,7 @@ def _plan(spec: DraftSpec, recipe: Recipe) -> tuple[dict, str | None]:
     causal = spec.causal
     if rule is None or causal is None:
         return {}, None
-    types = _layer_types(spec.decoder_config, len(causal))
+    types = _layer_types(spec.decoder_config, len(causal), qwen3_fill=rule == "vllm")
     shown = ", ".join(f"layer {i} {t} {'causal' if c else 'bidirectional'}" for i, (t, c) in
                       enumerate(zip(types, causal)))
     if rule == "vllm":

@@ -23,13 +23,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 from dsparkhub.errors import LayoutError
+from dsparkhub.layouts.datafiles import converters_dir, load_yaml_mappings
 from dsparkhub.layouts.spec import DraftSpec
-
-#: libyaml's safe loader when PyYAML was built with it (~70x faster than the pure-Python one; same result)
-SAFE_YAML = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 _CMPOPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
@@ -79,22 +75,14 @@ def _parse(text: str) -> ast.Expression:
 
 
 def families_dir() -> Path:
-    """``converters/families`` next to the recipes (see :func:`dsparkhub.layouts.recipes.converters_dir`)."""
-    from dsparkhub.layouts.recipes import converters_dir
-
+    """``converters/families`` next to the recipes (see :func:`dsparkhub.layouts.datafiles.converters_dir`)."""
     return converters_dir() / "families"
 
 
 @lru_cache(maxsize=4)
 def _tables(folder: str) -> dict[str, dict]:
     out = {}
-    for path in sorted(Path(folder).glob("*.yaml")):
-        try:
-            data = yaml.load(path.read_text(), Loader=SAFE_YAML)
-        except yaml.YAMLError as exc:
-            raise LayoutError(f"family table is not valid YAML: {exc}", path=path) from None
-        if not isinstance(data, dict):
-            raise LayoutError("family table must be a mapping", path=path)
+    for path, data in load_yaml_mappings(folder, what="family table", error=LayoutError):
         data["_path"] = str(path)
         out[path.stem] = data
     return out

@@ -10,7 +10,7 @@ until a source confirms them.
 A manifest name works wherever a target is expected (``--target kimi-k2.6``): :func:`target_spec_from_manifest`
 builds a :class:`~dsparkhub.target.TargetSpec` whose tensors are header-like :class:`TensorInfo` without data.
 
-Folder resolution follows :func:`dsparkhub.layouts.recipes.converters_dir`: ``$DSPARKHUB_MANIFESTS_DIR``, the copy shipped
+Folder resolution follows :func:`dsparkhub.layouts.datafiles.converters_dir`: ``$DSPARKHUB_MANIFESTS_DIR``, the copy shipped
 in the wheel (``dsparkhub/_data/manifests``), or the repository's ``manifests/``.
 
 Does not: touch the network (manifests are checked-in data) or load any weights.
@@ -24,11 +24,10 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
-from dsparkhub.io.checkpoint import Checkpoint
-from dsparkhub.io.header import DTYPE_BITS, TensorInfo
+from dsparkhub.io.header import DTYPE_BITS
+from dsparkhub.io.checkpoint import Checkpoint, TensorInfo
 from dsparkhub.errors import ManifestError
+from dsparkhub.layouts.datafiles import data_dir, load_yaml_mappings
 
 TARGET_REQUIRED = ("name", "title", "repo_id", "model_type", "architecture", "family", "hidden_size",
                    "num_hidden_layers", "vocab_size", "embed", "lm_head", "license")
@@ -37,8 +36,6 @@ RELEASE_REQUIRED = ("name", "title", "publisher", "target", "layout", "variant",
 
 def manifests_dir() -> Path:
     """Folder of manifests: ``$DSPARKHUB_MANIFESTS_DIR``, the copy shipped in the wheel, or the repo's."""
-    from dsparkhub.layouts.recipes import data_dir
-
     return data_dir("manifests")
 
 
@@ -210,13 +207,7 @@ def _load_all(folder: str) -> tuple[dict, dict]:
     targets: dict[str, TargetManifest] = {}
     releases: dict[str, ReleaseManifest] = {}
     for kind, loader, into in (("targets", _load_target, targets), ("releases", _load_release, releases)):
-        for path in sorted((Path(folder) / kind).glob("*.yaml")):
-            try:
-                data = yaml.safe_load(path.read_text())
-            except yaml.YAMLError as exc:
-                raise ManifestError(f"manifest is not valid YAML: {exc}", path=path) from None
-            if not isinstance(data, dict):
-                raise ManifestError("manifest must be a mapping", path=path)
+        for path, data in load_yaml_mappings(Path(folder) / kind, what="manifest", error=ManifestError):
             m = loader(data, path)
             if m.name != path.stem:
                 raise ManifestError(f"manifest name {m.name!r} differs from its file name {path.stem!r}", path=path)

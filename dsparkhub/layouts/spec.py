@@ -1,6 +1,7 @@
 """The canonical, JSON-serialisable description of a drafter: :class:`DraftSpec`.
 
-Every layout reader (``dsparkhub.layouts.recipes``) produces a DraftSpec; every writer consumes one. Conventions inside a
+Every layout reader (``dsparkhub.layouts.reading``, with the recipes of ``dsparkhub.layouts.recipes``) produces a
+DraftSpec; every writer consumes one. Conventions inside a
 DraftSpec, whatever the layout on disk:
 
 - tensor names are vLLM 0.32's Qwen3 DSpark checkpoint names (no ``model.`` prefix): ``layers.{i}.self_attn.q_proj

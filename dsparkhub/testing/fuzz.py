@@ -418,7 +418,7 @@ def check_folder(base: tuple[Path, Path], ops: list[tuple], work: Path, n: int |
     with the target and a ``num_speculative_tokens``.
     """
     from dsparkhub.io.checkpoint import open_checkpoint
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
     from dsparkhub.validate import validate
 
     if work.exists():

@@ -40,7 +40,7 @@ def test_fixture_is_what_deepspec_writes():
 def test_copied_run_reads_its_own_step_not_the_original(tmp_path):
     """Issue 12 item 4: a copied run's absolute ``step_latest`` still names the original; the copy's step is read."""
     from dsparkhub.layouts.deepspec_run import resolve_step_dir
-    from dsparkhub.layouts.recipes import open_draft
+    from dsparkhub.layouts.reading import open_draft
 
     original = _deepspec_run_at(tmp_path / "A")
     copy = tmp_path / "B" / "run"
@@ -84,12 +84,12 @@ def test_link_outside_the_run_without_a_same_named_step_is_refused(tmp_path):
 def test_load_drafter_and_convert_resolve_run_folders_the_same_way(tmp_path):
     """Issue 14: one resolver. Without ``step_latest`` both refuse (DeepSpec writes the link last, after the step's
     files: a step without it may be half-saved, ckpt_manager.py save_checkpoint)."""
-    from dsparkhub.verify.reference import modeling
+    from dsparkhub.verify.reference import loading
     from dsparkhub.layouts.deepspec_run import resolve_step_dir
 
     run = tmp_path / "run"
     shutil.copytree(RUN / "step_2", run / "step_2")
-    for resolve in (resolve_step_dir, lambda p: modeling.load_drafter(p)):
+    for resolve in (resolve_step_dir, lambda p: loading.load_drafter(p)):
         with pytest.raises(CheckpointNotFoundError, match="step_latest"):
             resolve(run)
 

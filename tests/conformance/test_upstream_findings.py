@@ -10,7 +10,7 @@ import pytest
 
 from dsparkhub.convert import convert, plan_conversion
 from dsparkhub.errors import ConversionRefusedError
-from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.reading import open_draft
 from dsparkhub.validate import validate
 
 from .conftest import FIXTURES

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dsparkhub.convert import convert
-from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.reading import open_draft
 from dsparkhub.validate import validate
 
 from .conftest import FIXTURES

@@ -37,7 +37,8 @@ import torch
 
 from dsparkhub import __version__
 from dsparkhub.errors import VerifyError
-from dsparkhub.verify.reference.modeling import ContextCache, Drafter, count_parameters, load_drafter, target_features
+from dsparkhub.verify.reference.loading import load_drafter
+from dsparkhub.verify.reference.modeling import ContextCache, Drafter, count_parameters, target_features
 from dsparkhub.torch_threads import threads_for, torch_threads
 from dsparkhub.verify.stats import RunStats
 

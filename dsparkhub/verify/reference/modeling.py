@@ -22,45 +22,31 @@ Semantics follow vLLM 0.32 (the engine whose τ the reference engine predicts):
   ``logit_scale`` (vLLM ``LogitsProcessor``).
 - confidence = ``sigmoid(proj([h ; markov_w1[prev]]))`` (or ``[h]`` when ``confidence_head_with_markov`` is false).
 
-What it deliberately does not do: attention-sink bias, interleaved (non-neox) RoPE, non-default RoPE scaling,
-Gemma4 / K3 / DeepSeek-V4 drafters (they raise :class:`~dsparkhub.errors.LayoutError`), speculators-format folders
-(convert them first), and anything about decoding policy — that is ``dsparkhub.verify.reference.engine``.
+What it deliberately does not do: read configs or weights (``dsparkhub.verify.reference.loading`` builds a
+:class:`DrafterConfig` from the :class:`~dsparkhub.layouts.spec.DraftSpec` the recipes read, and fills a
+:class:`Drafter` from the checkpoint), and anything about decoding policy — that is
+``dsparkhub.verify.reference.engine``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsparkhub.layouts.deepspec_run import resolve_step_dir
-from dsparkhub.errors import (
-    CheckpointFormatError,
-    CheckpointNotFoundError,
-    IncompatibleTargetError,
-    LayoutError,
-    UnsafeCheckpointError,
-)
+from dsparkhub.errors import LayoutError
 
 __all__ = [
     "DrafterConfig",
     "Drafter",
-    "load_drafter",
-    "resolve_target_layer_ids",
-    "resolve_mask_token_id",
-    "drafter_config_from_dict",
     "target_features",
     "ContextCache",
     "LayerAttention",
     "attention_mask",
-    "resolve_layer_attention",
+    "count_parameters",
 ]
-
-DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")
-DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
 
 
 # ---- configuration --------------------------------------------------------------------------------------------
@@ -84,10 +70,10 @@ class LayerAttention:
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    """Everything the drafter's numerics depend on, resolved from a checkpoint config.
+    """Everything the drafter's numerics depend on, resolved from a DraftSpec (``loading.drafter_config_from_spec``).
 
     Attributes:
-        kind: ``"dspark"`` (Markov head, optional confidence head) or ``"dflash"`` (backbone only).
+        kind: the DraftSpec variant, ``"dspark"`` (Markov head, optional confidence head) or ``"dflash"``.
         hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
         rms_norm_eps, rope_theta, hidden_act: Qwen3 decoder geometry of the drafter.
         vocab_size: input vocab V (embedding, ``markov_w1``).
@@ -136,223 +122,6 @@ class DrafterConfig:
     def attention_of(self, layer: int) -> LayerAttention:
         """Draft layer ``layer``'s attention mode (full and non-causal when ``layer_attention`` is empty)."""
         return self.layer_attention[layer] if self.layer_attention else LayerAttention()
-
-
-def resolve_target_layer_ids(cfg: dict, *, path: str | Path | None = None) -> tuple[int, ...]:
-    """Target layer ids in **layer-index numbering**, with vLLM 0.32's precedence.
-
-    vLLM ``v1/worker/gpu/spec_decode/eagle/eagle3_utils.py`` (``get_eagle3_aux_layers_from_config``) reads, first found
-    wins: ``eagle_aux_hidden_state_layer_ids`` (hidden-state index), ``dflash_config.target_layer_ids`` (layer index),
-    ``dspark_target_layer_ids`` (layer index for dense models), ``target_layer_ids`` (layer index),
-    ``dflash_config.layer_ids`` / ``eagle_config.layer_ids`` (hidden-state index). Hidden-state indices are converted
-    by subtracting 1.
-
-    Raises:
-        LayoutError: no key is present, or the value is not a non-empty list of ints.
-    """
-
-    def _ints(value, key):
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                           for v in value):
-            raise LayoutError(f"config key `{key}` must be a list of ints, found {value!r}", path=path)
-        return tuple(int(v) for v in value)
-
-    if cfg.get("eagle_aux_hidden_state_layer_ids"):
-        return tuple(i - 1 for i in _ints(cfg["eagle_aux_hidden_state_layer_ids"], "eagle_aux_hidden_state_layer_ids"))
-    dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
-    if dflash.get("target_layer_ids"):
-        return _ints(dflash["target_layer_ids"], "dflash_config.target_layer_ids")
-    if cfg.get("dspark_target_layer_ids"):
-        return _ints(cfg["dspark_target_layer_ids"], "dspark_target_layer_ids")
-    if cfg.get("target_layer_ids"):
-        return _ints(cfg["target_layer_ids"], "target_layer_ids")
-    for name in ("dflash_config", "eagle_config"):
-        sub = cfg.get(name)
-        if isinstance(sub, dict) and sub.get("layer_ids"):
-            return tuple(i - 1 for i in _ints(sub["layer_ids"], f"{name}.layer_ids"))
-    raise LayoutError(
-        "drafter config names no target layers: expected one of `eagle_aux_hidden_state_layer_ids`, "
-        "`dflash_config.target_layer_ids`, `dspark_target_layer_ids`, `target_layer_ids`", path=path,
-        hint="add `target_layer_ids` (layer-index numbering) to config.json")
-
-
-def resolve_mask_token_id(cfg: dict, *, path: str | Path | None = None) -> int:
-    """The mask (noise) token id, first found wins as in vLLM 0.32 ``v1/worker/gpu/spec_decode/utils.py``.
-
-    Order: ``dflash_config.mask_token_id``, ``mask_token_id``, ``dspark_noise_token_id``, ``pard_token``,
-    ``ptd_token_id``.
-
-    Raises:
-        LayoutError: none of the keys is present.
-    """
-    dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
-    if "mask_token_id" in dflash:
-        return int(dflash["mask_token_id"])
-    if cfg.get("mask_token_id") is not None:
-        return int(cfg["mask_token_id"])
-    for key in ("dspark_noise_token_id", "pard_token", "ptd_token_id"):
-        if key in cfg:
-            return int(cfg[key])
-    raise LayoutError("drafter config has no mask token: expected `dflash_config.mask_token_id`, `mask_token_id`, "
-                      "`dspark_noise_token_id`, `pard_token` or `ptd_token_id`", path=path)
-
-
-def _rope_theta(cfg: dict, path) -> float:
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
-    if rope_type not in ("default", None):
-        raise LayoutError(f"RoPE type {rope_type!r} is not supported by the reference drafter (only 'default')",
-                          path=path)
-    theta = params.get("rope_theta") if isinstance(params, dict) else None
-    if theta is None:
-        theta = cfg.get("rope_theta", 1_000_000.0)  # vLLM set_default_rope_theta(default_theta=1e6)
-    return float(theta)
-
-
-_SLIDING = "sliding_attention"
-
-
-def resolve_layer_attention(cfg: dict, *, path: str | Path | None = None) -> tuple[LayerAttention, ...]:
-    """Per-layer (sliding window, causal) of a Qwen3 DSpark / DFlash drafter, resolved as vLLM 0.32 resolves it.
-
-    vLLM reads the drafter config through transformers' ``Qwen3Config``, which drops ``sliding_window`` unless
-    ``use_sliding_window`` is true and fills ``layer_types`` (sliding from ``max_window_layers`` on) when absent
-    (transformers ``models/qwen3/configuration_qwen3.py:87-95``); then ``qwen3_dflash.py`` decides per layer:
-
-    - sliding: ``layer_types[i] == "sliding_attention"``; ``dflash_config.use_swa`` makes every layer sliding when
-      no layer is (``_resolve_layer_attention``, lines 145-167). Window: ``dflash_config.swa_window_size``, else
-      the (transformers-filtered) ``sliding_window`` (lines 169-178).
-    - causal: ``is_causal`` if set, else ``dflash_config.causal`` if set, else "this layer is sliding" per
-      ``layer_types`` (``_dflash_layer_causal``, lines 86-97). So speculators' default drafters (every layer
-      ``sliding_attention``) are causal unless the config says ``is_causal: false`` (their
-      ``sliding_window_non_causal``, carried by ``dsparkhub convert``).
-
-    Mixed sliding / full layers are resolved too (vLLM's V2 model runner serves them; V1 refuses, line 152).
-
-    Args:
-        cfg: the drafter's ``config.json`` dict.
-        path: the config file, for error messages.
-
-    Returns:
-        One :class:`LayerAttention` per draft layer.
-
-    Raises:
-        LayoutError: a sliding layer without a window size, a window that is not a positive int, or an attention
-            sink bias (``dflash_config.attention_sink_bias`` / ``add_swa_attention_sink_bias``), which the
-            reference drafter does not implement.
-    """
-    from transformers import Qwen3Config
-
-    dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
-    if dflash.get("attention_sink_bias", cfg.get("add_swa_attention_sink_bias", False)):
-        raise LayoutError("attention-sink bias draft layers (dflash_config.attention_sink_bias) are not supported "
-                          "by the reference drafter", path=path, hint="measure this drafter with --backend vllm")
-    keys = {k: cfg[k] for k in ("num_hidden_layers", "use_sliding_window", "sliding_window", "max_window_layers",
-                                "layer_types") if k in cfg}
-    from huggingface_hub.errors import StrictDataclassError
-
-    try:
-        hf = Qwen3Config(**keys)  # transformers' own defaults and filtering, as vLLM sees the config
-    except (ValueError, TypeError, StrictDataclassError) as exc:  # transformers validates configs with these
-        raise LayoutError(f"draft attention keys {sorted(keys)} are not a valid Qwen3 config: {exc}",
-                          path=path) from exc
-    layer_types = list(hf.layer_types or [])
-    if len(layer_types) != cfg["num_hidden_layers"]:
-        raise LayoutError(f"layer_types has {len(layer_types)} entries, expected num_hidden_layers = "
-                          f"{cfg['num_hidden_layers']}", path=path)
-    any_sliding = any(t == _SLIDING for t in layer_types)
-    use_swa = bool(dflash.get("use_swa", False))
-    window = dflash.get("swa_window_size", hf.sliding_window)
-    out = []
-    for i, layer_type in enumerate(layer_types):
-        sliding = use_swa if (use_swa and not any_sliding) else layer_type == _SLIDING
-        if cfg.get("is_causal") is not None:
-            causal = bool(cfg["is_causal"])
-        elif dflash.get("causal") is not None:
-            causal = bool(dflash["causal"])
-        else:
-            causal = layer_type == _SLIDING
-        if sliding and window is None:
-            raise LayoutError(
-                f"draft layer {i} is sliding_attention but no window size is set: vLLM 0.32 reads "
-                "dflash_config.swa_window_size, else sliding_window (which transformers' Qwen3Config keeps only "
-                "with use_sliding_window: true)", path=path,
-                hint="set use_sliding_window: true next to sliding_window in config.json")
-        if sliding and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
-            raise LayoutError(f"sliding window must be a positive int, found {window!r}", path=path)
-        out.append(LayerAttention(sliding_window=int(window) if sliding else None, causal=causal))
-    return tuple(out)
-
-
-def drafter_config_from_dict(cfg: dict, *, path: str | Path | None = None) -> DrafterConfig:
-    """Resolve a drafter ``config.json`` dict into a :class:`DrafterConfig`.
-
-    Kind: ``DFlashDraftModel`` -> dflash (1+N; vLLM's DFlash refuses ``sample_from_anchor``); ``Qwen3DSparkModel`` /
-    ``Qwen3OmniDSparkModel`` / ``DSparkDraftModel`` with ``model_type: qwen3`` -> dspark, ``sample_from_anchor``
-    default True (vLLM ``dspark/speculator.py``).
-
-    Raises:
-        LayoutError: unknown architecture, a missing required key, or a draft-attention option the reference
-            drafter does not implement (attention sinks, interleaved RoPE; see :func:`resolve_layer_attention`).
-    """
-    archs = cfg.get("architectures") or []
-    if any(a in DFLASH_ARCHITECTURES for a in archs):
-        kind = "dflash"
-    elif any(a in DSPARK_ARCHITECTURES for a in archs) or ("DSparkDraftModel" in archs
-                                                           and cfg.get("model_type") == "qwen3"):
-        kind = "dspark"
-    else:
-        raise LayoutError(f"architectures {archs!r} is not a Qwen3 DSpark or DFlash drafter", path=path,
-                          hint="expected Qwen3DSparkModel or DFlashDraftModel; convert other layouts first")
-    if "speculators_config" in cfg:
-        raise LayoutError("speculators-format config; the reference engine reads vLLM-layout drafters", path=path,
-                          hint="run `dsparkhub convert` first")
-    dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
-    if not cfg.get("is_neox_style", True):
-        raise LayoutError("is_neox_style: false (interleaved RoPE) is not supported by the reference drafter",
-                          path=path)
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
-        if not isinstance(cfg.get(key), int):
-            raise LayoutError(f"config key `{key}` missing or not an int (found {cfg.get(key)!r})", path=path)
-    hidden = cfg["hidden_size"]
-    heads = cfg["num_attention_heads"]
-    markov_rank = int(cfg.get("markov_rank") or 0) if kind == "dspark" else 0
-    if kind == "dspark" and "markov_rank" not in cfg:
-        raise LayoutError("DSpark config lacks `markov_rank` (vLLM 0.32 reads it unconditionally)", path=path)
-    sample_from_anchor = bool(cfg.get("sample_from_anchor", True)) if kind == "dspark" else False
-    if kind == "dflash" and dflash.get("sample_from_anchor", False):
-        raise LayoutError("dflash_config.sample_from_anchor=true is not supported for DFlash (vLLM refuses it)",
-                          path=path)
-    layer_attention = resolve_layer_attention(cfg, path=path)
-    value_scale = dflash.get("attention_value_scale")
-    block_size = cfg.get("block_size", cfg.get("dspark_block_size", dflash.get("block_size")))
-    enable_conf = bool(cfg.get("enable_confidence_head", False)) if kind == "dspark" else False
-    return DrafterConfig(
-        kind=kind,
-        hidden_size=hidden,
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        intermediate_size=cfg["intermediate_size"],
-        vocab_size=cfg["vocab_size"],
-        draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg["vocab_size"]),
-        target_hidden_size=int(cfg.get("target_hidden_size") or hidden),
-        target_layer_ids=resolve_target_layer_ids(cfg, path=path),
-        mask_token_id=resolve_mask_token_id(cfg, path=path),
-        block_size=int(block_size) if block_size is not None else None,
-        sample_from_anchor=sample_from_anchor,
-        markov_rank=markov_rank,
-        enable_confidence_head=enable_conf,
-        confidence_head_with_markov=bool(cfg.get("confidence_head_with_markov", False)) and enable_conf,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope_theta(cfg, path),
-        hidden_act=str(cfg.get("hidden_act", "silu")),
-        logit_scale=float(cfg.get("logit_scale", 1.0)),
-        attention_bias=bool(cfg.get("attention_bias", False)),
-        layer_attention=layer_attention,
-        value_scale=float(value_scale) if value_scale is not None else None,
-    )
 
 
 # ---- modules --------------------------------------------------------------------------------------------------
@@ -689,144 +458,6 @@ def target_features(hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor]
         [B, T, A·Ht] in the hidden states' dtype.
     """
     return torch.cat([hidden_states[0 if i == -1 else i + 1] for i in layer_ids], dim=-1)
-
-
-# ---- loading --------------------------------------------------------------------------------------------------
-
-
-def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    index = folder / "model.safetensors.index.json"
-    single = folder / "model.safetensors"
-    try:
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as exc:
-                raise CheckpointFormatError(f"malformed index: {exc}", path=index) from exc
-            tensors: dict[str, torch.Tensor] = {}
-            for shard in sorted(set(weight_map.values())):
-                shard_path = (folder / shard).resolve()
-                if folder.resolve() not in shard_path.parents:
-                    raise UnsafeCheckpointError(f"shard {shard!r} escapes the checkpoint folder", path=index)
-                if not shard_path.is_file():
-                    raise CheckpointNotFoundError(f"shard {shard} named by the index does not exist", path=index)
-                tensors.update(load_file(str(shard_path)))
-            return tensors
-        if single.is_file():
-            return load_file(str(single))
-    except SafetensorError as exc:
-        raise CheckpointFormatError(f"unreadable safetensors: {exc}", path=folder) from exc
-    if any(folder.glob("*.bin")):
-        raise UnsafeCheckpointError("only pickle weights (*.bin) found; dsparkhub reads safetensors only",
-                                    path=folder)
-    raise CheckpointNotFoundError("no model.safetensors or model.safetensors.index.json", path=folder)
-
-
-def _target_embed_head(target_model) -> tuple[torch.Tensor | None, torch.Tensor | None, int, int, int]:
-    cfg = target_model.config
-    cfg = getattr(cfg, "text_config", None) or cfg
-    emb = target_model.get_input_embeddings().weight
-    head_mod = target_model.get_output_embeddings()
-    head = head_mod.weight if head_mod is not None else None
-    return emb, head, int(cfg.vocab_size), int(cfg.hidden_size), int(cfg.num_hidden_layers)
-
-
-def load_drafter(folder: str | Path, target_model=None, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> Drafter:
-    """Load a drafter from a DeepSpec step / run dir, a dsparkhub-converted vLLM-layout folder or a z-lab DFlash folder.
-
-    Args:
-        folder: the drafter folder (a DeepSpec run dir resolves to ``step_latest``).
-        target_model: the transformers target (``PreTrainedModel``); required when the checkpoint lacks
-            ``embed_tokens`` / ``lm_head`` (they are then shared with the target, as vLLM ``load_dspark_model`` does).
-        dtype: parameter dtype (the confidence head stays float32, as in vLLM).
-        device: where to put the drafter.
-
-    Returns:
-        An eval-mode :class:`Drafter`.
-
-    Raises:
-        CheckpointNotFoundError: folder, config or weights missing.
-        CheckpointFormatError: invalid JSON or safetensors.
-        UnsafeCheckpointError: pickle-only weights, shards escaping the folder.
-        LayoutError: unknown architecture / config keys, or missing / unexpected / misshapen tensors (all listed).
-        IncompatibleTargetError: the target cannot feed this drafter (layers, hidden size, vocab).
-    """
-    folder = resolve_step_dir(folder)  # the one run-folder resolver (issue 14)
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise CheckpointNotFoundError(f"no config.json (and no DeepSpec step_latest link) in {folder}", path=folder,
-                                      hint="pass the drafter folder, a DeepSpec step folder or its run folder")
-    try:
-        raw = json.loads(config_path.read_text())
-    except ValueError as exc:
-        raise CheckpointFormatError(f"invalid JSON: {exc}", path=config_path) from exc
-    cfg = drafter_config_from_dict(raw, path=config_path)
-    tensors = _read_tensors(folder)
-    drafter = Drafter(cfg)
-    expected = drafter.state_dict()
-    optional = {"embed_tokens.weight", "lm_head.weight"}
-    if drafter.confidence_head is not None:
-        optional |= {"confidence_head.proj.weight", "confidence_head.proj.bias"}
-    ignored = {n for n in tensors if n == "t2d" or n.endswith(".t2d") or n == "mask_embedding"}
-    missing = sorted(n for n in expected if n not in tensors and n not in optional)
-    unexpected = sorted(n for n in tensors if n not in expected and n not in ignored)
-    misshapen = sorted(f"{n}: {list(tensors[n].shape)} != expected {list(expected[n].shape)}"
-                       for n in expected if n in tensors and tensors[n].shape != expected[n].shape)
-    if missing or unexpected or misshapen:
-        parts = []
-        if missing:
-            parts.append(f"missing tensors {missing}")
-        if unexpected:
-            parts.append(f"unexpected tensors {unexpected}")
-        if misshapen:
-            parts.append(f"wrong shapes {misshapen}")
-        raise LayoutError(f"{cfg.kind} drafter weights do not match its config: " + "; ".join(parts), path=folder)
-
-    if target_model is not None:
-        emb, head, t_vocab, t_hidden, t_layers = _target_embed_head(target_model)
-        bad = [i for i in cfg.target_layer_ids if not -1 <= i < t_layers]
-        if bad:
-            raise IncompatibleTargetError(
-                f"target_layer_ids {list(cfg.target_layer_ids)} (layer-index numbering) reference layers {bad} the "
-                f"target does not have (it has {t_layers} layers, valid ids -1..{t_layers - 1})", path=config_path)
-        if cfg.target_hidden_size != t_hidden:
-            raise IncompatibleTargetError(
-                f"drafter expects target hidden size {cfg.target_hidden_size}, the target has {t_hidden}",
-                path=config_path)
-        if cfg.vocab_size > t_vocab and "embed_tokens.weight" not in tensors:
-            raise IncompatibleTargetError(
-                f"drafter input vocab {cfg.vocab_size} > target vocab {t_vocab} and no embed_tokens.weight",
-                path=config_path)
-    with torch.no_grad():
-        for name, param in drafter.state_dict().items():
-            if name in tensors:
-                param.copy_(tensors[name].to(param.dtype))
-    drafter.to(device=device, dtype=dtype)
-    if drafter.confidence_head is not None:
-        if "confidence_head.proj.weight" not in tensors:
-            drafter.confidence_head = None  # vLLM drops an enabled head whose weights are absent
-        else:
-            drafter.confidence_head.float()
-    for name, attr in (("embed_tokens.weight", "embed_tokens"), ("lm_head.weight", "lm_head")):
-        if name in tensors:
-            continue
-        if target_model is None:
-            raise LayoutError(f"checkpoint has no {name}; pass the target model to share the target's", path=folder)
-        emb, head, t_vocab, *_ = _target_embed_head(target_model)
-        source = emb if attr == "embed_tokens" else head
-        want = list(getattr(drafter, attr).weight.shape)
-        if source is None or list(source.shape) != want:
-            raise IncompatibleTargetError(
-                f"checkpoint has no {name} and the target's {attr} has shape "
-                f"{None if source is None else list(source.shape)}, expected {want}", path=folder)
-        getattr(drafter, attr).weight = nn.Parameter(source.detach().to(device=device, dtype=dtype),
-                                                     requires_grad=False)
-    drafter.source = str(folder)
-    return drafter.eval()
 
 
 def count_parameters(module: nn.Module) -> int:

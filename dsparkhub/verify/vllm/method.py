@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dsparkhub.errors import LayoutError
 from dsparkhub.layouts.deepspec_run import resolve_step_dir
-from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.reading import open_draft
 from dsparkhub.layouts.spec import DraftSpec
 
 #: DraftSpec.variant -> the vLLM 0.32 speculative method that serves it (``config/speculative.py``; vLLM loads

@@ -1,0 +1,146 @@
+"""The card's matplotlib plots (acceptance per position, speedup per n, speedup vs concurrency) and their file
+names under ``assets/``. Does not decide what the card says (``dsparkhub.card.tables``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dsparkhub.card.facts import public_text
+from dsparkhub.card.tables import METHOD_LABELS, engine_label, is_reference
+from dsparkhub.verify.results.schema import VerifyResults
+
+
+ASSETS_DIR = "assets"
+
+
+def plot_acceptance(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
+    """PNG: mean per-position acceptance (unweighted over datasets) vs draft position, one line per n."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
+    for row in res.summary_at():
+        if row.mean_per_position_acceptance:
+            xs = list(range(1, len(row.mean_per_position_acceptance) + 1))
+            ax.plot(xs, row.mean_per_position_acceptance, marker="o", label=f"n={row.num_speculative_tokens}")
+    ax.set_xticks(range(1, max(res.settings.num_speculative_tokens) + 1))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (mean over datasets)")
+    ax.set_ylim(-0.03, 1.05)
+    ax.set_title(_plot_title("Per-position acceptance", res, target), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save_png(fig, path)
+
+
+def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
+    """PNG: speedup vs num_speculative_tokens, one line per dataset plus the unweighted mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
+    top = 1.0
+    low = res.settings.concurrency[0]
+    for ds in res.datasets:
+        pts = [(r.num_speculative_tokens, r.speedup) for r in ds.runs
+               if r.speedup is not None and r.concurrency == low]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=ds.name)
+            top = max([top] + [p[1] for p in pts])
+    mean = [(r.num_speculative_tokens, r.mean_speedup) for r in res.summary_at() if r.mean_speedup is not None]
+    if mean:
+        ax.plot(*zip(*mean), marker="s", color="black", linestyle="--", label="mean")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(res.settings.num_speculative_tokens)
+    ax.set_xlabel("num_speculative_tokens")
+    ax.set_ylabel("speedup vs target alone" + (" (CPU reference engine)" if is_reference(res) else ""))
+    ax.set_ylim(0, top * 1.1)  # from 0: a truncated axis makes a 1.1x look like a 3x
+    ax.set_title(_plot_title("Speedup", res, target), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save_png(fig, path)
+
+
+#: plot size in inches and resolution: 1350 x 825 pixels, legible on a Hub model page
+PLOT_SIZE, PLOT_DPI = (9, 5.5), 150
+
+
+def _plot_title(what: str, res: VerifyResults, target: str | None = None) -> str:
+    """Two lines: what is plotted for which drafter and target (``target``: the card's name for it, e.g. its Hub
+    id; default the results' ``target.id``), then the engine and the datasets."""
+    datasets = ", ".join(ds.name for ds in res.datasets)
+    return (f"{what}: {METHOD_LABELS.get(res.method, res.method)} drafter {public_text(res.drafter.id)} "
+            f"on {target or public_text(res.target.id)}\n{engine_label(res)}; datasets: {datasets}")
+
+
+def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | None = None,
+                                others: list[VerifyResults] = (), *, target: str | None = None) -> Path:
+    """PNG: mean speedup (unweighted over datasets) vs concurrency, one line per n; unreliable points hollow.
+
+    ``others`` (further drafters' results) add one line each at their own best n per concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
+    for n in res.settings.num_speculative_tokens:
+        rows = [r for r in res.summary if r.num_speculative_tokens == n and r.mean_speedup is not None]
+        if not rows:
+            continue
+        line, = ax.plot([r.concurrency for r in rows], [r.mean_speedup for r in rows], marker="o",
+                        label=f"{label + ' ' if label else ''}n={n}")
+        bad = [r for r in rows if not r.reliable]
+        if bad:
+            ax.plot([r.concurrency for r in bad], [r.mean_speedup for r in bad], marker="o", linestyle="none",
+                    markerfacecolor="white", color=line.get_color())
+    for other in others:
+        pts = [(row.concurrency, row.best_speedup) for row in other.load if row.best_speedup is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="s", linestyle="--", label=f"{other.drafter.id} (best n)")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(res.settings.concurrency, [str(c) for c in res.settings.concurrency])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("speedup vs target alone, same concurrency")
+    tops = [r.mean_speedup for r in res.summary if r.mean_speedup is not None]
+    ax.set_ylim(0, max([1.0] + tops) * 1.1)  # from 0, as plot_speedup
+    ax.set_title(_plot_title("Speedup at serving load", res, target), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save_png(fig, path)
+
+
+def _save_png(fig, path: Path) -> Path:
+    """Lay out, write ``fig`` to ``path`` as PNG and free it (pyplot keeps every open figure alive)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+
+
+def plot_names(results: list[VerifyResults]) -> list[tuple[str, str, str]]:
+    """Relative plot paths per results file (acceptance, speedup vs n, speedup vs concurrency): plain names for one
+    file, ``_<backend>[_b...]`` for several."""
+    if len(results) == 1:
+        return [(f"{ASSETS_DIR}/acceptance_per_position.png", f"{ASSETS_DIR}/speedup_vs_n.png",
+                 f"{ASSETS_DIR}/speedup_vs_concurrency.png")]
+    names, used = [], set()
+    for res in results:
+        tag = res.engine.backend.replace("-", "_")
+        k = 0
+        while (t := tag + ("" if k == 0 else "_" + chr(ord("a") + k))) in used:
+            k += 1
+        used.add(t)
+        names.append((f"{ASSETS_DIR}/acceptance_per_position_{t}.png", f"{ASSETS_DIR}/speedup_vs_n_{t}.png",
+                      f"{ASSETS_DIR}/speedup_vs_concurrency_{t}.png"))
+    return names

@@ -1,0 +1,184 @@
+"""The card's numbers as the template shows them: formatting, the serve commands at the best n, one section per
+results file (tables of τ, per-position acceptance, speedups), and the Hub ``model-index`` metadata.
+
+Numbers from the CPU reference engine are labelled as such and never presented as GPU serving speedups (they do not
+enter ``model-index`` as speedups). Does not read files (``dsparkhub.card.facts``) or draw (``dsparkhub.card.plots``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dsparkhub.card.facts import public_text
+from dsparkhub.verify.results.schema import ModelRef, VerifyResults
+
+
+ENGINE_LABELS = {"vllm": "vLLM offline engine", "vllm-serve": "vLLM server"}
+METHOD_LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3"}
+#: the namespace the serve commands name when the card is written without ``--repo-id`` (push refuses it)
+MODEL_PLACEHOLDER = "<your-namespace>"
+
+
+def fmt(x: float | None, digits: int = 2, suffix: str = "", signed: bool = False) -> str:
+    """A number for the card (``-`` for None)."""
+    if x is None:
+        return "-"
+    return f"{x:{'+' if signed else ''}.{digits}f}{suffix}"
+
+
+def _best_n(res: VerifyResults) -> int:
+    """The n with the highest *reliable* mean speedup at the lowest concurrency measured (ties: the smaller n); the
+    largest mean τ when no speedup there is reliable (an unreliable figure never chooses n)."""
+    summary = res.summary_at()
+    rows = [r for r in summary if r.mean_speedup is not None and r.reliable]
+    if rows:
+        return max(rows, key=lambda r: (r.mean_speedup, -r.num_speculative_tokens)).num_speculative_tokens
+    rows = [r for r in summary if r.mean_tau is not None] or summary
+    return max(rows, key=lambda r: (r.mean_tau or 0.0, -r.num_speculative_tokens)).num_speculative_tokens
+
+
+def serve_commands(res: VerifyResults, *, target: str, model: str) -> dict[str, Any]:
+    """The ``vllm serve`` command line and the matching Python ``LLM(...)`` call for the best n of ``res``.
+
+    Settings (TP, max_model_len, compilation config) are those the numbers were measured under.
+    """
+    n = _best_n(res)
+    spec = {"model": model, "method": res.method, "num_speculative_tokens": n}
+    s = res.settings
+    cli = [f"vllm serve {target}"]
+    py = [f"    model={target!r},"]
+    if s.tensor_parallel_size != 1:
+        cli.append(f"--tensor-parallel-size {s.tensor_parallel_size}")
+        py.append(f"    tensor_parallel_size={s.tensor_parallel_size},")
+    if s.max_model_len is not None:
+        cli.append(f"--max-model-len {s.max_model_len}")
+        py.append(f"    max_model_len={s.max_model_len},")
+    if s.compilation_config is not None:
+        cli.append(f"--compilation-config '{json.dumps(s.compilation_config)}'")
+        py.append(f"    compilation_config={s.compilation_config!r},")
+    cli.append(f"--speculative-config '{json.dumps(spec)}'")
+    py.append(f"    speculative_config={spec!r},")
+    python = ("from vllm import LLM, SamplingParams\n\n"
+              "llm = LLM(\n" + "\n".join(py) + "\n)\n"
+              f"params = SamplingParams(temperature={s.temperature!r}, max_tokens={s.max_new_tokens})\n"
+              'outputs = llm.generate(["..."], params)')
+    return {"n": n, "cli": " \\\n  ".join(cli), "python": python, "backend": res.engine.backend}
+
+
+def is_reference(res: VerifyResults) -> bool:
+    return res.engine.backend == "reference"
+
+
+def engine_label(res: VerifyResults) -> str:
+    if is_reference(res):
+        return f"dsparkhub CPU reference engine, {res.engine.device}" if "cpu" in res.engine.device.lower() \
+            else f"dsparkhub reference engine, {res.engine.device}"
+    return f"{res.engine.version}, {res.engine.device}"
+
+
+def section(res: VerifyResults, plots: tuple[str, ...]) -> dict[str, Any]:
+    ns = res.settings.num_speculative_tokens
+    reference = is_reference(res)
+    rows = []
+    unreliable = []
+    for ds in res.datasets:
+        cells = []
+        for n in ns:
+            r = ds.run(n)
+            cells.append("-" if r is None else f"{fmt(r.speedup, suffix='x')}{' (unreliable)' if r.unreliable else ''}"
+                         f" (τ {fmt(r.tau)})")
+            unreliable += [f"{ds.name}, n={n}: {why}" for why in (r.unreliable if r is not None else [])]
+        rows.append({"name": ds.name, "cells": cells})
+    mean = [f"{fmt(r.mean_speedup, suffix='x')}{' (unreliable)' if r.unreliable else ''} (τ {fmt(r.mean_tau)})"
+            for r in res.summary_at()]
+    change = None
+    if res.change is not None:
+        c = res.change
+        change = {"from_n": c.from_n, "to_n": c.to_n, "speedup": fmt(c.speedup_delta, signed=True, suffix="x"),
+                  "tau": fmt(c.tau_delta, signed=True)}
+    max_n = max(ns)
+    per_pos = [{"n": r.num_speculative_tokens,
+                "cells": [fmt(v) for v in r.mean_per_position_acceptance]
+                + [""] * (max_n - len(r.mean_per_position_acceptance))}
+               for r in res.summary_at()]
+    details = [{"dataset": ds.name, "n": r.num_speculative_tokens, "concurrency": r.concurrency, "prompts": r.prompts,
+                "output_tokens": r.output_tokens, "base_tps": fmt(r.baseline_tokens_per_s, 1),
+                "tps": fmt(r.tokens_per_s, 1), "dtps": fmt(r.draft_tokens_per_step),
+                "per_pos": " / ".join(fmt(v) for v in r.per_position_acceptance),
+                "lossless": {True: "yes", False: "NO", None: "not checked"}[r.lossless]}
+               for ds in res.datasets for r in ds.runs]
+    s = res.settings
+    if res.lossless is True:
+        lossless = ("yes: with greedy decoding every output was token-identical with and without the drafter "
+                    "(every dataset, every num_speculative_tokens)")
+    else:
+        lossless = f"not checked: temperature {s.temperature} samples, outputs are not comparable token by token"
+    return {
+        "title": ("CPU reference engine (dsparkhub PyTorch implementation)" if reference and
+                  "cpu" in res.engine.device.lower() else
+                  f"dsparkhub reference engine ({res.engine.device})" if reference else
+                  f"{ENGINE_LABELS.get(res.engine.backend, res.engine.backend)} ({res.engine.version}, "
+                  f"{res.engine.device})"),
+        "reference": reference,
+        "cpu_reference": reference and "cpu" in res.engine.device.lower(),
+        "engine": res.engine, "settings": s, "date": res.date, "dsparkhub_version": res.dsparkhub_version,
+        "target": ModelRef(public_text(res.target.id), res.target.fingerprint),
+        "drafter": ModelRef(public_text(res.drafter.id), res.drafter.fingerprint),
+        "ns": ns, "positions": list(range(1, max_n + 1)),
+        "rows": rows, "mean": mean, "change": change, "per_pos": per_pos, "details": details,
+        "datasets": [{"name": ds.name, "source": public_text(ds.source), "prompts": ds.baseline.prompts}
+                     for ds in res.datasets],
+        "compilation_config": json.dumps(s.compilation_config) if s.compilation_config is not None else "default",
+        "lossless": lossless, "warnings": [public_text(w) for w in res.warnings],
+        "plot_acceptance": plots[0], "plot_speedup": plots[1],
+        "unreliable": unreliable, "incomplete": res.incomplete,
+        "concurrency": s.concurrency, "repeats": s.repeats, "order": s.order,
+        "load": _load_context(res),
+        "plot_concurrency": plots[2] if len(plots) > 2 and len(s.concurrency) > 1 else None,
+    }
+
+
+def _load_context(res: VerifyResults) -> dict[str, Any] | None:
+    """The measured concurrency table (``results.load_table``) with the best n per concurrency, or None when
+    only one concurrency was measured."""
+    from dsparkhub.verify.results.table import load_table
+
+    if len(res.settings.concurrency) < 2:
+        return None
+    head, rows = load_table(res)
+    return {"head": head, "rows": rows,
+            "best": [{"concurrency": r.concurrency, "n": r.best_n, "speedup": fmt(r.best_speedup, suffix="x")}
+                     for r in res.load],
+            "stops_paying_at": res.stops_paying_at}
+
+
+def card_data(results: list[VerifyResults], *, name: str, base_model: str | None, license: str,
+               method: str) -> str:
+    from huggingface_hub import EvalResult, ModelCardData
+
+    evals = []
+    for res in results:
+        label = "CPU reference engine" if is_reference(res) else res.engine.backend
+        for ds in res.datasets:
+            for r in ds.runs:
+                if r.tau is not None:
+                    evals.append(EvalResult(task_type="text-generation", dataset_type=ds.name, dataset_name=ds.name,
+                                            metric_type="acceptance_length", metric_value=round(r.tau, 3),
+                                            metric_name=f"acceptance length τ (n={r.num_speculative_tokens}, "
+                                                        f"{label})"))
+                # CPU reference-engine wall-clock ratios are not serving speedups: kept out of model-index.
+                if r.speedup is not None and not is_reference(res):
+                    evals.append(EvalResult(task_type="text-generation", dataset_type=ds.name, dataset_name=ds.name,
+                                            metric_type="speedup", metric_value=round(r.speedup, 3),
+                                            metric_name=f"speedup (n={r.num_speculative_tokens}, {label}, "
+                                                        f"{res.engine.device})"))
+    tags = ["speculative-decoding", method, "draft-model", "vllm"]
+    kwargs: dict[str, Any] = dict(library_name="vllm", pipeline_tag="text-generation", license=license,
+                                  tags=list(dict.fromkeys(tags)),
+                                  inference=False)
+    if base_model:
+        kwargs["base_model"] = base_model
+    if evals:
+        kwargs.update(model_name=name, eval_results=evals)
+    return ModelCardData(**kwargs).to_yaml()
