@@ -18,6 +18,7 @@ from dsparkhub.errors import ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings
 from dsparkhub.verify.results.derive import build_results
+from dsparkhub.verify.results.reading import read_results
 from dsparkhub.verify.stats import RunStats
 
 OUT_A = [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23]]
@@ -401,7 +402,7 @@ def test_card_for_a_local_target_names_its_hub_id_and_no_local_path(tmp_path):
     data["target"]["id"] = str(target)  # a results file written before results named targets by Hub id
     data["datasets"][0]["source"] = str(tmp_path / "data" / "gsm-mini.jsonl")
     path.write_text(json.dumps(data))
-    VerifyResults.load(path)
+    read_results(path)
     text = write_card(draft, [path], repo_id="org/d").readme.read_text()
     assert front_matter(text)["base_model"] == "Qwen/Qwen3-8B"
     assert "vllm serve Qwen/Qwen3-8B" in text and "- **Target:** `Qwen/Qwen3-8B`" in text
@@ -448,7 +449,7 @@ def test_card_concurrency_table_plot_and_unreliable(tmp_path):
                         settings=Settings(0.0, 7, 13, [3, 7], concurrency=[1, 4]),
                         runs=[("gsm-mini", "/data/gsm-mini.jsonl", base, by)], date="2026-11-30T21:04:05+00:00")
     path = res.save(tmp_path / "r.json")
-    assert serve_commands(VerifyResults.load(path), target="t", model="m")["n"] == 3  # not the impossible n=7
+    assert serve_commands(read_results(path), target="t", model="m")["n"] == 3  # not the impossible n=7
     out = write_card(draft, [path])
     text = out.readme.read_text()
     assert "8.00x (unreliable)" in text and "exceeds τ 5.00" in text
