@@ -393,7 +393,6 @@ def _local_target(path: Path, config_extra: dict | None = None) -> Path:
 
 def test_card_for_a_local_target_names_its_hub_id_and_no_local_path(tmp_path):
     from dsparkhub.card.render import serve_command_problems
-    from dsparkhub.verify.results.schema import VerifyResults
 
     target = _local_target(tmp_path / "targets" / "qwen3", {"_name_or_path": "Qwen/Qwen3-8B"})
     draft = make_drafter(tmp_path / "d")
@@ -436,7 +435,6 @@ def test_card_concurrency_table_plot_and_unreliable(tmp_path):
     """A /2 file with two concurrencies: the measured table replaces the one-request caveat, the plot is written,
     and an impossible batch-1 figure (speedup above τ) is marked and never chooses n."""
     from dsparkhub.card.tables import serve_commands
-    from dsparkhub.verify.results.schema import VerifyResults
 
     draft = make_drafter(tmp_path / "d")
     base = {1: [RunStats(outputs=OUT_A, wall_s=4.0)], 4: [RunStats(outputs=OUT_A, wall_s=2.0)]}
