@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsparkhub import __version__
-from dsparkhub.io.checkpoint import ATTACH_RECORD, INDEX_NAME, file_identity, open_checkpoint, parse_header_bytes
+from dsparkhub.io.checkpoint import ATTACH_RECORD, INDEX_NAME, file_identity, open_checkpoint, parse_header_bytes, read_json
 from dsparkhub.errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
 from dsparkhub.io.hashing import sha256_file
 from dsparkhub.layouts.recipes import OpenedDraft, get_recipe, open_draft
 from dsparkhub.target import target_from_checkpoint
+from dsparkhub.validate import validate
 from dsparkhub.io.writer import (SourceBytes, atomic_output, background_flush, refuse_overlap, write_file, write_json,
                      write_safetensors, write_shards)
 
@@ -163,8 +164,6 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
             drafter attached with ``force`` is written but cannot be loaded there.
         OutputExistsError, CheckpointNotFoundError, CheckpointFormatError, LayoutError: see the readers / writer.
     """
-    from dsparkhub.validate import validate
-
     if link not in LINK_MODES:
         raise ConversionRefusedError(f"unknown link mode {link!r}; expected one of {LINK_MODES}")
     target_dir = Path(target_dir)
@@ -358,8 +357,6 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
             files = write_shards(tmp, items, max_shard_bytes=DEFAULT_SHARD_BYTES)
             shutil.copyfile(attached / "config.json", tmp / "config.json")
         return DetachResult(Path(out), files + ["config.json"], False, "deepseek-v4", sum(n for _, n, _ in items))
-
-    from dsparkhub.io.checkpoint import read_json
 
     rec = read_json(record_path, ATTACH_RECORD)
     drafter = rec["drafter"]

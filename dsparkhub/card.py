@@ -31,7 +31,7 @@ from typing import Any
 from dsparkhub import __version__
 from dsparkhub.calibrate import card_context, plot_reliability
 from dsparkhub.card_engines import engine_checks, sglang_launch
-from dsparkhub.errors import CheckpointNotFoundError, DsparkhubError, ResultsError
+from dsparkhub.errors import CardError, CheckpointNotFoundError, ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import target_repo_id
 from dsparkhub.verify.results import ModelRef, VerifyResults
@@ -58,10 +58,6 @@ def public_text(obj: Any) -> Any:
     if isinstance(obj, list):
         return [public_text(v) for v in obj]
     return obj
-
-
-class CardError(DsparkhubError, ValueError):
-    """The card cannot be rendered (bad template, missing drafter config, nothing to report)."""
 
 
 @dataclass

@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dsparkhub.errors import CardError
+
 
 __all__ = ["engine_checks", "sglang_launch"]
 
@@ -68,8 +70,6 @@ def engine_checks(paths: list[str | Path]) -> list[dict[str, Any]]:
     Raises:
         CardError: a file is missing, not JSON, or not such a report.
     """
-    from dsparkhub.card import CardError  # card imports this module
-
     out = []
     for p in paths:
         path = Path(p)

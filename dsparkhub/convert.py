@@ -30,12 +30,17 @@ from typing import Callable
 
 from dsparkhub import __version__
 from dsparkhub.io.checkpoint import _expected_nbytes, pickle_weight_files, resolve_step_dir
-from dsparkhub.errors import ConversionRefusedError, OutputExistsError, ValidationFailedError
+from dsparkhub.draft_vocab import choose_draft_vocab
+from dsparkhub.errors import CheckpointFormatError, ConversionRefusedError, OutputExistsError, ValidationFailedError
 from dsparkhub.io.hashing import sha256_file, sha256_files
 from dsparkhub.layouts.recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
                       resolve_output_recipe, write_config)
-from dsparkhub.target import TargetSpec, open_target
-from dsparkhub.validate import Finding, ValidationReport, validate
+from dsparkhub.layouts.causality import causality_refusal
+from dsparkhub.layouts.spec import ANCHOR_FIRST, ONE_PLUS_N
+from dsparkhub.target import TargetSpec, open_target, target_repo_id
+from dsparkhub.verify.results import target_fingerprint
+from dsparkhub.validate import validate
+from dsparkhub.validate.report import Finding, ValidationReport
 from dsparkhub.io.writer import SourceBytes, atomic_output, refuse_overlap, write_json, write_shards
 
 PROVENANCE_NAME = "dsparkhub_provenance.json"
@@ -165,8 +170,6 @@ def _first_difference(path_a: Path, start_a: int, path_b: Path, start_b: int, nb
     Raises:
         CheckpointFormatError: either range is cut short by the end of its file.
     """
-    from dsparkhub.errors import CheckpointFormatError
-
     with open(path_a, "rb", buffering=0) as fa, open(path_b, "rb", buffering=0) as fb:
         done = 0
         while done < nbytes:
@@ -218,8 +221,6 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
     d = open_draft(src, layout=layout)
     t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
     if declare_block_layout and declare_block_layout != d.spec.block_layout:
-        from dsparkhub.layouts.spec import ANCHOR_FIRST, ONE_PLUS_N
-
         if declare_block_layout not in (ANCHOR_FIRST, ONE_PLUS_N):
             raise ConversionRefusedError(f"unknown block layout {declare_block_layout!r}; expected "
                                          f"{ANCHOR_FIRST!r} or {ONE_PLUS_N!r}")
@@ -263,8 +264,6 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             f"layout {recipe.name!r} cannot hold a {spec.family} {spec.variant} drafter (read as {spec.layout!r}); "
             "writing it there would lose or reinterpret tensors", path=d.checkpoint.path,
             hint="layouts that can: " + ", ".join(r.name for r in load_recipes() if can_hold(r, spec)))
-    from dsparkhub.layouts.causality import causality_refusal
-
     why = causality_refusal(spec, recipe)
     if why:
         raise ConversionRefusedError(why + "; writing it there would change how the drafter attends",
@@ -276,8 +275,6 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         if limits.get("full_vocab"):
             raise ConversionRefusedError(f"layout {recipe.name!r} shares the target's LM head, so it cannot hold a "
                                          "reduced draft vocab", path=d.checkpoint.path)
-        from dsparkhub.draft_vocab import choose_draft_vocab
-
         dv = choose_draft_vocab(t.source if t is not None and t.local else "", list(draft_vocab_from or []),
                                 draft_vocab, vocab_size=spec.vocab_size)
         computed = _reduce_vocab(d, t, recipe, dv)
@@ -498,9 +495,6 @@ def check_output(out: str | Path, plan: ConversionPlan, *, src: str | Path, over
 def _target_record(t: TargetSpec, base_model: str | None) -> dict:
     """Provenance of the target: Hub id (``base_model``, else :func:`dsparkhub.target.target_repo_id`), and for a
     local folder its name, ``config.json`` sha256 and header fingerprint (no local path)."""
-    from dsparkhub.target import target_repo_id
-    from dsparkhub.verify.results import target_fingerprint
-
     repo, how = (base_model, "--base-model") if base_model else target_repo_id(t)
     folder = Path(t.checkpoint.path) if t.local else None  # a Hub id read from the HF cache is local too
     return {"source": repo or (folder.resolve().name if folder is not None else t.source), "repo_id": repo,

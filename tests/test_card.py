@@ -11,7 +11,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from dsparkhub.card import CardError, write_card
+from dsparkhub.card import write_card
+from dsparkhub.errors import CardError
 from dsparkhub.cli import main
 from dsparkhub.errors import ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint

@@ -246,7 +246,7 @@ def test_ids_shifted_by_one_against_a_manifest_target_are_named(tmp_path):
 
 def test_verifier_naming_another_target_is_a_warning(tmp_path, target):
     src = F.make_speculators_drafter(tmp_path / "s", target, verifier="moonshotai/Kimi-K2.6")
-    from dsparkhub.layouts.manifests import target_spec_from_manifest
+    from dsparkhub.target import target_spec_from_manifest
 
     t = target_spec_from_manifest("kimi-k3")
     assert "DSH310" in validate(src, t).codes

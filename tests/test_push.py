@@ -16,7 +16,8 @@ from safetensors.torch import save_file
 import dsparkhub.hub.push as hub_mod
 from dsparkhub.cli import main
 from dsparkhub.errors import CheckpointNotFoundError, ConversionRefusedError, HubError, ValidationFailedError
-from dsparkhub.hub.push import check_repo_id, push, remote_checkpoint, remote_checkpoint_headers
+from dsparkhub.hub.push import push
+from dsparkhub.hub.remote import check_repo_id, remote_checkpoint, remote_checkpoint_headers
 from dsparkhub.testing import LocalHub
 
 TOKEN = "hf_FAKEtoken0123456789abcdefghijklm"
@@ -649,7 +650,7 @@ def test_create_pr_opens_a_pull_request_and_leaves_main_alone(hub, tmp_path):
 
 
 def test_a_card_whose_serve_command_names_a_placeholder_or_a_local_path_is_refused(hub, tmp_path):
-    from dsparkhub.card import CardError
+    from dsparkhub.errors import CardError
 
     draft = make_drafter(tmp_path / "draft")
     for model in ("drafter", "<your-namespace>/draft", str(draft)):
@@ -669,7 +670,8 @@ def test_a_card_whose_serve_command_names_a_placeholder_or_a_local_path_is_refus
 
 
 def test_a_hand_written_readme_on_the_hub_is_not_replaced_silently(hub, tmp_path):
-    from dsparkhub.card import CARD_MARKER, CardError
+    from dsparkhub.card import CARD_MARKER
+    from dsparkhub.errors import CardError
 
     draft = make_drafter(tmp_path / "draft")
     push(draft, "alice/hw", endpoint=hub.url)  # the Hub now holds the hand-written README

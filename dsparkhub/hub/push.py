@@ -5,8 +5,7 @@ Owns:
     ``--delete PATTERN``; ``--create-pr``); plan (local files vs the remote tree, compared by hash: sha256 for LFS
     files, git blob sha1 for regular ones), then one ``create_commit`` whose ``parent_commit`` is the remote head read while planning, then a
     read-back of the remote tree. A dry run sends only GET / HEAD requests.
-  * :func:`remote_checkpoint_headers` / :func:`remote_checkpoint` — a Hub checkpoint's ``config.json``, index and
-    safetensors headers (HTTP range reads, huggingface_hub ``parse_safetensors_file_metadata``); never the weights.
+  (reading a remote checkpoint's headers and the error mapping live in :mod:`dsparkhub.hub.remote`.)
 
 Every request goes through ``huggingface_hub.HfApi`` (2.4); its typed errors (``HfHubHTTPError`` and subclasses,
 ``httpx2`` transport errors, ``OfflineModeIsEnabled``) are turned into :class:`~dsparkhub.errors.HubError` with a hint,
@@ -20,30 +19,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx2
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, get_token, hf_hub_download
 from huggingface_hub.errors import (
-    EntryNotFoundError,
-    HfHubHTTPError,
-    LocalTokenNotFoundError,
-    OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
-    SafetensorsParsingError,
 )
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.lfs import post_lfs_batch_info
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects
 
 from dsparkhub import __version__
-from dsparkhub.io.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, parse_header_bytes
+from dsparkhub.card import CARD_MARKER, serve_command_problems
 from dsparkhub.errors import (
+    CardError,
     CheckpointFormatError,
     CheckpointNotFoundError,
     ConversionRefusedError,
@@ -51,8 +43,11 @@ from dsparkhub.errors import (
     HubError,
     ValidationFailedError,
 )
+from dsparkhub.hub.remote import HUB_ERRORS, check_repo_id, hub_error, redactor
+from dsparkhub.io.checkpoint import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
 from dsparkhub.io.hashing import checkpoint_fingerprint, sha256_files
-from dsparkhub.secrets import redact
+from dsparkhub.target import open_target
+from dsparkhub.validate import validate as run_validate
 
 PROVENANCE_FILE = "dsparkhub_provenance.json"
 #: remote files a push never deletes even when the local folder lacks them (the Hub creates it with the repo).
@@ -63,7 +58,7 @@ TRAINING_LAYOUTS = ("deepspec",)  # written by training, read by dsparkhub, not 
 SKIP_PARTS = frozenset({".git", ".cache", ".huggingface", "__pycache__", ".ipynb_checkpoints", ".DS_Store"})
 #: Hub repo ids: ``namespace/name``, each part 1-96 of [A-Za-z0-9._-], not starting with ``.`` / ``-``, no ``--``
 #: or ``..`` (huggingface_hub ``validate_repo_id`` rules).
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
 
 
 # ---- plan and report -----------------------------------------------------------------------------------------
@@ -174,20 +169,6 @@ class PushReport:
 # ---- small helpers --------------------------------------------------------------------------------------------
 
 
-def check_repo_id(repo_id: str) -> str:
-    """Return ``repo_id`` if it is ``namespace/name`` as the Hub accepts it.
-
-    Raises:
-        HubError: anything else (missing namespace, extra ``/``, ``--`` / ``..``, bad characters, > 96 chars).
-    """
-    if (not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id
-            or repo_id.endswith((".", "-")) or "/." in repo_id or "/-" in repo_id or ".git/" in repo_id + "/"):
-        raise HubError(f"invalid Hub repo id {repo_id!r}: expected NAMESPACE/NAME",
-                       hint="use your user or organisation name, a slash and the repo name, e.g. "
-                            "alice/qwen3-8b-dspark (letters, digits, '.', '_', '-'; no '--' or '..')")
-    return repo_id
-
-
 def git_blob_sha1(path: str | Path) -> str:
     """The git object id of a file (``sha1("blob <size>\\0" + bytes)``): the Hub's ``oid`` of a regular file."""
     path = Path(path)
@@ -235,8 +216,6 @@ def local_files(draft_dir: str | Path, left_out: dict[str, str] | None = None) -
 
 
 def _left_out_reason(rel: Path) -> str | None:
-    from dsparkhub.io.checkpoint import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
-
     if any(part.startswith(".") for part in rel.parts) and rel.as_posix() != ".gitattributes":
         return "dotfile: may hold local settings or secrets"
     if rel.name.startswith(TRAINING_STATE_PREFIXES):
@@ -246,69 +225,9 @@ def _left_out_reason(rel: Path) -> str | None:
     return None
 
 
-def _redactor(token: str | None):
-    def _r(text: str) -> str:
-        text = redact(text)
-        return text.replace(token, "***") if token and len(token) >= 4 else text
-
-    return _r
-
-
-def _status(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None)
-
-
-def _hub_error(exc: BaseException, action: str, repo_id: str, token: str | None, *, reading: bool = False
-               ) -> HubError:
-    """Map a huggingface_hub / transport error to a HubError with a hint (the original stays as ``__cause__``).
-    ``reading``: the failed call only read (a target's headers), so the push wording is left out."""
-    r = _redactor(token)
-    detail = r(" ".join(str(exc).split()))[:600]
-    status = _status(exc)
-    ns = repo_id.split("/")[0]
-    if isinstance(exc, OfflineModeIsEnabled):
-        return HubError(f"cannot {action}: huggingface_hub offline mode is on", hint="unset HF_HUB_OFFLINE")
-    if isinstance(exc, LocalTokenNotFoundError):
-        return HubError(f"cannot {action}: no Hugging Face token found",
-                        hint="set HF_TOKEN or run `hf auth login` (a token with write access)")
-    if status == 401:
-        return HubError(f"cannot {action}: the Hub refused the token (HTTP 401). {detail}",
-                        hint="the token is missing, expired or invalid; set HF_TOKEN or run `hf auth login`")
-    if status == 403:
-        return HubError(f"cannot {action}: the token may not write to {repo_id!r} (HTTP 403). {detail}",
-                        hint=f"use a token with write access to the namespace {ns!r} (fine-grained tokens need "
-                             "'write' on it)")
-    if isinstance(exc, RevisionNotFoundError):
-        return HubError(f"cannot {action}: revision not found in {repo_id!r}. {detail}",
-                        hint="check --revision; push creates a missing branch from main")
-    if isinstance(exc, RepositoryNotFoundError) or status == 404:
-        return HubError(f"cannot {action}: {repo_id!r} was not found, or this token cannot see it (HTTP "
-                        f"{status}). {detail}", hint="check the repo id and that the token can read it")
-    if status == 412:
-        return HubError(f"cannot {action}: {repo_id!r} changed on the Hub after the push was planned (HTTP 412, "
-                        f"parent commit mismatch); nothing was committed. {detail}",
-                        hint="run the push again: it re-plans against the new remote state")
-    if status is not None and status >= 500:
-        return HubError(f"cannot {action}: Hub server error (HTTP {status}); nothing was committed. {detail}",
-                        hint="retry later; LFS objects already uploaded are kept and not sent again")
-    if isinstance(exc, (httpx2.TransportError, RuntimeError)):
-        if reading:
-            return HubError(f"cannot {action}: network error talking to the Hub ({detail})",
-                            hint="check the connection (or --endpoint / HF_ENDPOINT); a local folder is read when "
-                                 "it exists")
-        return HubError(f"cannot {action}: network error talking to the Hub ({detail}); nothing was committed",
-                        hint="check the connection / --endpoint and run the push again; it resumes (LFS objects "
-                             "already uploaded are skipped)")
-    return HubError(f"cannot {action}: {detail}", hint="see the Hub's message above")
-
-
-_HUB_ERRORS = (HfHubHTTPError, httpx2.TransportError, OfflineModeIsEnabled, LocalTokenNotFoundError)
-
-
 def _is_upload_failure(exc: RuntimeError) -> bool:
     """huggingface_hub wraps a failed LFS upload in ``RuntimeError("Error while uploading ...")`` (_commit_api.py)."""
-    return isinstance(exc.__cause__, _HUB_ERRORS) or str(exc).startswith("Error while uploading")
+    return isinstance(exc.__cause__, HUB_ERRORS) or str(exc).startswith("Error while uploading")
 
 
 def _read_provenance(draft_dir: Path) -> dict | None:
@@ -325,14 +244,11 @@ def _read_provenance(draft_dir: Path) -> dict | None:
 
 
 def _run_validation(draft_dir: Path, target: str | None, endpoint: str | None = None, token: str | None = None):
-    """``dsparkhub.validate.validate`` (imported here so that reading the Hub does not import the checkers); a Hub
+    """``dsparkhub.validate.validate``; a Hub
     target is read from the push's own endpoint with its token, not from the default Hub."""
-    from dsparkhub.target import open_target
-    from dsparkhub.validate import validate
-
     if target is not None and not Path(target).exists():
         target = open_target(target, endpoint=endpoint, token=token)
-    return validate(draft_dir, target)
+    return run_validate(draft_dir, target)
 
 
 def _commit_text(plan: PushPlan, files: dict[str, Path], hashes: dict[str, str], provenance: dict | None,
@@ -372,13 +288,13 @@ def _remote_state(api: HfApi, repo_id: str, revision: str, token: str | None):
         return True, False, None, {}
     except RepositoryNotFoundError:  # missing, or private and not visible to this token: create_repo will tell
         return False, False, None, {}
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"read {repo_id}", repo_id, token) from exc
+    except HUB_ERRORS as exc:
+        raise hub_error(exc, f"read {repo_id}", repo_id, token) from exc
     try:
         tree = {f.path: f for f in api.list_repo_tree(repo_id, recursive=True, revision=head)
                 if isinstance(f, RepoFile)}
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"list the files of {repo_id}", repo_id, token) from exc
+    except HUB_ERRORS as exc:
+        raise hub_error(exc, f"list the files of {repo_id}", repo_id, token) from exc
     return True, True, head, tree
 
 
@@ -489,8 +405,6 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             ``exclude``.
         CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object.
     """
-    from dsparkhub.card import CardError, serve_command_problems
-
     draft_dir = Path(draft_dir)
     check_repo_id(repo_id)
     if create_pr and revision not in (None, "main"):
@@ -519,7 +433,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         raise HubError("no Hugging Face token: pushing needs one with write access",
                        hint="set HF_TOKEN, pass --token or run `hf auth login` (or try --dry-run, which needs none "
                             "for public repos)")
-    r = _redactor(token)
+    r = redactor(token)
 
     report_validation, forced, validation = None, False, None
     if validate:
@@ -593,8 +507,8 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             # the new repo / branch has an initial commit: plan against it
             _, _, head, remote = _remote_state(api, repo_id, revision, token)
             plan.parent_commit, plan.files = head, plan_files(remote, head)
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"create {repo_id}@{revision}", repo_id, token) from exc
+    except HUB_ERRORS as exc:
+        raise hub_error(exc, f"create {repo_id}@{revision}", repo_id, token) from exc
 
     if not plan.changes:
         report.remote_check = "ok"
@@ -614,13 +528,13 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
     try:
         info = api.create_commit(repo_id, ops, commit_message=summary, commit_description=description,
                                  revision=revision, parent_commit=head, create_pr=create_pr)
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"commit to {repo_id}@{revision}", repo_id, token) from exc
+    except HUB_ERRORS as exc:
+        raise hub_error(exc, f"commit to {repo_id}@{revision}", repo_id, token) from exc
     except RuntimeError as exc:
         if not _is_upload_failure(exc):
             raise
-        cause = exc.__cause__ if isinstance(exc.__cause__, _HUB_ERRORS) else exc
-        raise _hub_error(cause, f"upload to {repo_id}@{revision}", repo_id, token) from exc
+        cause = exc.__cause__ if isinstance(exc.__cause__, HUB_ERRORS) else exc
+        raise hub_error(cause, f"upload to {repo_id}@{revision}", repo_id, token) from exc
     report.commit_oid, report.commit_url, report.pr_url = info.oid, info.commit_url, info.pr_url
 
     remote_after = _check_remote(api, repo_id, info.oid, files, hashes, token,
@@ -641,8 +555,6 @@ def _guard_readme(api: HfApi, repo_id: str, head: str | None, files: dict[str, P
     Raises:
         CardError: the hand-written README would go.
     """
-    from dsparkhub.card import CARD_MARKER, CardError
-
     ours, theirs = files.get(README), remote.get(README)
     # a README the folder lacks is deleted only when `delete` names it (see _deletions): nothing to guard then
     if ours is None or theirs is None or head is None or README in (delete or []):
@@ -652,8 +564,8 @@ def _guard_readme(api: HfApi, repo_id: str, head: str | None, files: dict[str, P
     try:
         text = Path(hf_hub_download(repo_id, README, revision=head, token=token, endpoint=api.endpoint)
                     ).read_text(encoding="utf-8", errors="replace")
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"read {README} of {repo_id}", repo_id, token, reading=True) from exc
+    except HUB_ERRORS as exc:
+        raise hub_error(exc, f"read {README} of {repo_id}", repo_id, token, reading=True) from exc
     if CARD_MARKER not in text:
         raise CardError(f"{repo_id} has a {README} on the Hub that dsparkhub did not write; this push would "
                         "replace it",
@@ -674,8 +586,8 @@ def _lfs_objects_present(api: HfApi, repo_id: str, revision: str, adds: list[Com
         actions, _errors, _ = post_lfs_batch_info(upload_infos=infos, token=None, repo_type="model",
                                                   repo_id=repo_id, revision=quote(revision, safe=""),
                                                   endpoint=api.endpoint, headers=build_hf_headers(token=token))
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"query the LFS store of {repo_id}", repo_id, token) from exc
+    except HUB_ERRORS as exc:
+        raise hub_error(exc, f"query the LFS store of {repo_id}", repo_id, token) from exc
     return {a["oid"] for a in actions if not a.get("actions")}
 
 
@@ -690,8 +602,8 @@ def _check_remote(api: HfApi, repo_id: str, oid: str, files: dict[str, Path], ha
     try:
         tree = {f.path: f for f in api.list_repo_tree(repo_id, recursive=True, revision=oid)
                 if isinstance(f, RepoFile)}
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"read back commit {oid[:12]} of {repo_id}", repo_id, token) from exc
+    except HUB_ERRORS as exc:
+        raise hub_error(exc, f"read back commit {oid[:12]} of {repo_id}", repo_id, token) from exc
     problems = []
     for path, local in files.items():
         remote = tree.get(path)
@@ -709,117 +621,3 @@ def _check_remote(api: HfApi, repo_id: str, oid: str, files: dict[str, Path], ha
     return tree
 
 
-# ---- remote headers ---------------------------------------------------------------------------------------------
-
-
-def remote_checkpoint_headers(repo_id: str, revision: str | None = None, token: str | None = None,
-                              endpoint: str | None = None, *, cache_dir: str | Path | None = None
-                              ) -> tuple[dict, dict[str, tuple[str, tuple[int, ...], str]], dict | None]:
-    """Read a Hub checkpoint's config and safetensors headers without downloading weights.
-
-    ``config.json`` and ``model.safetensors.index.json`` are fetched with ``hf_hub_download``; each shard's header
-    with two HTTP range requests (huggingface_hub ``parse_safetensors_file_metadata``, the building block of
-    ``get_safetensors_metadata``). Every read is pinned to the commit ``revision`` resolves to.
-
-    Args:
-        repo_id: ``namespace/name``.
-        revision: branch, tag or commit (default ``main``).
-        token: Hub token (default ``HF_TOKEN`` / login); needed for private repos.
-        endpoint: Hub URL.
-        cache_dir: huggingface_hub cache for the two JSON files (default: the HF cache).
-
-    Returns:
-        ``(config, tensors, index)``: the parsed ``config.json``; ``{tensor name: (dtype code, shape, file)}``, e.g.
-        ``{"model.embed_tokens.weight": ("BF16", (V, H), "model-00001-of-00004.safetensors")}``; the parsed index or
-        None for a single ``model.safetensors``.
-
-    Raises:
-        HubError: repo / revision not found, 401 / 403, network error (hint included).
-        CheckpointNotFoundError: no ``config.json``, or neither ``model.safetensors`` nor the index (nor any
-            ``*.safetensors``) at the top level of the repo.
-        CheckpointFormatError: malformed JSON or safetensors header.
-    """
-    _, config, tensors, index, _ = _remote_read(repo_id, revision, token, endpoint, cache_dir)
-    return config, {n: (t.dtype, t.shape, t.file) for n, t in tensors.items()}, index
-
-
-def remote_checkpoint(repo_id: str, revision: str | None = None, *, token: str | None = None,
-                      endpoint: str | None = None, cache_dir: str | Path | None = None) -> Checkpoint:
-    """A Hub checkpoint as a header-only :class:`~dsparkhub.io.checkpoint.Checkpoint` (``remote=True``).
-
-    Same reads and errors as :func:`remote_checkpoint_headers`. ``path`` is ``hub:REPO@COMMIT``; each
-    :class:`TensorInfo`'s ``start`` is the tensor's offset inside the shard's data section (the header length is not
-    transferred) and ``nbytes`` its size; tensor data cannot be read (``Checkpoint.file_path`` raises).
-    """
-    sha, config, tensors, index, metadata = _remote_read(repo_id, revision, token, endpoint, cache_dir)
-    files = list(dict.fromkeys(t.file for t in tensors.values()))
-    return Checkpoint(f"hub:{repo_id}@{sha}", config, tensors, files, index, metadata, remote=True)
-
-
-def _download_json(repo_id: str, filename: str, sha: str, token, endpoint, cache_dir) -> dict:
-    path = hf_hub_download(repo_id, filename, revision=sha, token=token, endpoint=endpoint, cache_dir=cache_dir)
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointFormatError(f"{filename} is not valid JSON: {str(exc)[:200]}",
-                                    path=f"hub:{repo_id}@{sha}/{filename}") from None
-    if not isinstance(data, dict):
-        raise CheckpointFormatError(f"{filename} must hold a JSON object", path=f"hub:{repo_id}@{sha}/{filename}")
-    return data
-
-
-def _remote_read(repo_id, revision, token, endpoint, cache_dir):
-    check_repo_id(repo_id)
-    token = token or get_token()
-    api = HfApi(endpoint=endpoint, token=token)
-    where = f"hub:{repo_id}@{revision or 'main'}"
-    try:
-        info = api.model_info(repo_id, revision=revision)
-        sha = info.sha
-        names = {s.rfilename for s in info.siblings or []}
-        if "config.json" not in names:
-            raise CheckpointNotFoundError("config.json not found in the Hub repo", path=where)
-        config = _download_json(repo_id, "config.json", sha, token, endpoint, cache_dir)
-        index = None
-        if "model.safetensors" in names:
-            shards = ["model.safetensors"]
-        elif INDEX_NAME in names:
-            index = _download_json(repo_id, INDEX_NAME, sha, token, endpoint, cache_dir)
-            weight_map = index.get("weight_map")
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-                raise CheckpointFormatError(f"{INDEX_NAME}: `weight_map` must map tensor names to shard file names",
-                                            path=f"{where}/{INDEX_NAME}")
-            shards = list(dict.fromkeys(weight_map.values()))
-        else:
-            shards = sorted(n for n in names if n.endswith(".safetensors") and "/" not in n)
-        if not shards:
-            raise CheckpointNotFoundError("no model.safetensors, index or *.safetensors at the top of the Hub repo",
-                                          path=where)
-        with ThreadPoolExecutor(max_workers=min(8, len(shards))) as pool:
-            parsed = list(pool.map(lambda f: api.parse_safetensors_file_metadata(repo_id, f, revision=sha), shards))
-    except _HUB_ERRORS as exc:
-        raise _hub_error(exc, f"read the headers of {repo_id}", repo_id, token, reading=True) from exc
-    except EntryNotFoundError as exc:
-        raise CheckpointNotFoundError(f"a file named by the repo is missing: {exc}", path=where) from exc
-    except SafetensorsParsingError as exc:
-        raise CheckpointFormatError(f"malformed safetensors header: {exc}", path=where) from exc
-    tensors: dict[str, TensorInfo] = {}
-    metadata: dict[str, dict] = {}
-    for fname, meta in zip(shards, parsed, strict=True):
-        # re-run dsparkhub's own header checks (dtype codes, offsets vs shapes, overlaps) on what the Hub sent
-        header = {n: {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": list(t.data_offsets)}
-                  for n, t in meta.tensors.items()}
-        header["__metadata__"] = meta.metadata or {}
-        shard_tensors, metadata[fname] = parse_header_bytes(json.dumps(header).encode(), file=fname, data_size=None)
-        for name, t in shard_tensors.items():
-            if name in tensors:
-                raise CheckpointFormatError(f"tensor {name!r} appears in both {tensors[name].file!r} and {fname!r}",
-                                            path=where)
-            begin = meta.tensors[name].data_offsets[0]
-            tensors[name] = TensorInfo(name, t.dtype, t.shape, fname, begin, t.nbytes)
-    if index is not None:
-        wrong = [n for n, f in index["weight_map"].items() if n not in tensors or tensors[n].file != f]
-        if wrong:
-            raise CheckpointFormatError(f"{INDEX_NAME} maps {len(wrong)} tensor(s) to shards that do not hold them, "
-                                        f"e.g. {wrong[0]!r}", path=f"{where}/{INDEX_NAME}")
-    return sha, config, tensors, index, metadata

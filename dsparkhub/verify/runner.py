@@ -34,6 +34,7 @@ from dsparkhub.errors import (CheckpointFormatError, DsparkhubError, EngineUnava
                       OutputNotWritableError, ValidationFailedError, VerifyError)
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import public_name
+from dsparkhub.validate import validate
 from dsparkhub.verify.results import (DEFAULT_SPREAD_LIMIT, METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results,
                       target_fingerprint)
 from dsparkhub.verify.stats import Backend, RunStats
@@ -232,8 +233,6 @@ def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callab
     """Static checks before any model is loaded (``dsparkhub.validate``); raise with every error listed, pass
     each warning (e.g. DSH401: n larger than a trained block) to ``warn``. ``engine`` (``"reference"`` for the
     reference backend, which reads HF ``output_hidden_states``) decides DSH304 vs DSH313."""
-    from dsparkhub.validate import validate
-
     report = validate(draft, target, num_speculative_tokens=n, engine=engine)
     for f in report.warnings if warn is not None else []:
         warn(f"warning [{f.code}] {f.message}")
