@@ -31,12 +31,12 @@ from typing import Any
 from dsparkhub import __version__
 from dsparkhub.calibrate import card_context, plot_reliability
 from dsparkhub.card_engines import engine_checks, sglang_launch
+from dsparkhub.convert import PROVENANCE_FILE
 from dsparkhub.errors import CardError, CheckpointNotFoundError, ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import target_repo_id
 from dsparkhub.verify.results import ModelRef, VerifyResults
 
-PROVENANCE_FILE = "dsparkhub_provenance.json"
 DEFAULT_TEMPLATE = "model_card.md.j2"
 ASSETS_DIR = "assets"
 ENGINE_LABELS = {"vllm": "vLLM offline engine", "vllm-serve": "vLLM server"}

@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from dsparkhub.convert import PROVENANCE_NAME, convert
+from dsparkhub.convert import PROVENANCE_FILE, convert
 from dsparkhub.io.hashing import sha256_file
 from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
 
@@ -23,7 +23,7 @@ def _normalised(out: Path) -> dict[str, str]:
         if p.suffix == ".safetensors":
             continue
         text = p.read_text()
-        if p.name == PROVENANCE_NAME:
+        if p.name == PROVENANCE_FILE:
             text, n = re.subn(r'"created": "[^"]*"', '"created": "<created>"', text)
             assert n == 1
         files[p.name] = text

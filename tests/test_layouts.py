@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dsparkhub.io.checkpoint import open_checkpoint
-from dsparkhub.convert import convert, plan_conversion
+from dsparkhub.convert import convert
+from dsparkhub.convert.plan import plan_conversion
 from dsparkhub.errors import ConversionRefusedError, LayoutError
 from dsparkhub.layouts.recipes import get_recipe, load_recipes, open_draft
 from dsparkhub.testing import factories as F

@@ -34,6 +34,7 @@ from huggingface_hub.utils import build_hf_headers, filter_repo_objects
 
 from dsparkhub import __version__
 from dsparkhub.card import CARD_MARKER, serve_command_problems
+from dsparkhub.convert import PROVENANCE_FILE
 from dsparkhub.errors import (
     CardError,
     CheckpointFormatError,
@@ -49,7 +50,6 @@ from dsparkhub.io.hashing import checkpoint_fingerprint, sha256_files
 from dsparkhub.target import open_target
 from dsparkhub.validate import validate as run_validate
 
-PROVENANCE_FILE = "dsparkhub_provenance.json"
 #: remote files a push never deletes even when the local folder lacks them (the Hub creates it with the repo).
 NEVER_DELETE = frozenset({".gitattributes"})
 README = "README.md"

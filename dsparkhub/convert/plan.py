@@ -1,55 +1,33 @@
-"""Convert a drafter from any known layout into another, by default the standalone layout vLLM 0.32 loads.
-
-Flow (one way): source headers -> recipe detected -> :class:`DraftSpec` -> :func:`plan_conversion` (headers only,
-plus hashing of the embedding / LM-head bytes to decide whether the copies can be dropped; nothing written) ->
-:func:`convert` streams tensors one by one into a temporary folder next to OUT, writes ``config.json`` and
-``dsparkhub_provenance.json``, and renames the folder into place.
-
-Rules:
-- the pre-conversion ``validate`` against the target must pass (``force`` overrides, and is recorded);
-- the block layout never changes silently: an anchor-first drafter cannot be written in a layout that only
-  expresses 1+N (and vice versa) -> :class:`ConversionRefusedError`;
-- ``embed_tokens`` / ``lm_head`` copies are dropped when byte-identical to the target's (vLLM 0.32
-  ``load_dspark_model`` then shares the target's), kept and reported when they differ or cannot be compared;
-- training files (``train_config.py``, ``training_state.*.pt``) are never read or copied;
-- the side files vLLM reads from a drafter folder (:data:`CARRIED_FILES`) are copied byte for byte, never loaded.
-"""
+"""Plan a conversion from headers only: tensors copied / dropped / derived, checks against the target, the
+pre-conversion validation. Nothing is written (``dsparkhub convert --dry-run`` prints the plan)."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import re
-import shutil
-import threading
-from contextlib import contextmanager
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from dsparkhub import __version__
-from dsparkhub.io.checkpoint import _expected_nbytes, pickle_weight_files, resolve_step_dir
+from dsparkhub.io.checkpoint import _expected_nbytes
 from dsparkhub.draft_vocab import choose_draft_vocab
-from dsparkhub.errors import CheckpointFormatError, ConversionRefusedError, OutputExistsError, ValidationFailedError
-from dsparkhub.io.hashing import sha256_file, sha256_files
+from dsparkhub.errors import CheckpointFormatError, ConversionRefusedError, ValidationFailedError
 from dsparkhub.layouts.recipes import (DERIVED_TENSORS, OpenedDraft, Recipe, block_layout_of, can_hold, load_recipes, open_draft,
                       resolve_output_recipe, write_config)
 from dsparkhub.layouts.causality import causality_refusal
 from dsparkhub.layouts.spec import ANCHOR_FIRST, ONE_PLUS_N
-from dsparkhub.target import TargetSpec, open_target, target_repo_id
-from dsparkhub.verify.results import target_fingerprint
+from dsparkhub.target import TargetSpec, open_target
 from dsparkhub.validate import validate
 from dsparkhub.validate.report import Finding, ValidationReport
-from dsparkhub.io.writer import SourceBytes, atomic_output, refuse_overlap, write_json, write_shards
 
-PROVENANCE_NAME = "dsparkhub_provenance.json"
+from dsparkhub.convert.target_fill import fill_from_target, reduce_vocab
+
 SHARED_WITH_TARGET = {"embed_tokens.weight": "embed", "lm_head.weight": "lm_head"}
 #: files beside the weights that vLLM 0.32 reads from the drafter folder: ``mask_embedding.pt``, a separately trained
 #: mask embedding its DFlash loader substitutes for ``embed_tokens[mask_token_id]`` (qwen3_dflash.py:910-913 and
 #: ``_read_mask_embedding`` 929-960, ``torch.load(weights_only=True)`` of the bytes: so they are copied as they are).
 #: vLLM's DSpark never reads it (qwen3_dspark.py:338 "DSpark masks via the vocab row").
 CARRIED_FILES = ("mask_embedding.pt",)
+
 
 
 @dataclass
@@ -107,7 +85,7 @@ class ConversionPlan:
     def out_bytes(self) -> int:
         """Bytes of tensor data that will be written."""
         spec = self.draft.spec
-        derived = sum(_derived_nbytes(spec, d.name) for d in self.derived)
+        derived = sum(derived_nbytes(spec, d.name) for d in self.derived)
         reduced = sum(_expected_nbytes(*self.computed[d.name][:2]) for d in self.reduced)
         return sum(spec.tensors[d.name].nbytes for d in self.copies) + derived + reduced
 
@@ -269,7 +247,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         raise ConversionRefusedError(why + "; writing it there would change how the drafter attends",
                                      path=d.checkpoint.path,
                                      hint="convert to a layout that expresses it (zlab-dflash / vllm write `is_causal`)")
-    _fill_from_target(spec, t, recipe, d.checkpoint.path)
+    fill_from_target(spec, t, recipe, d.checkpoint.path)
     computed = {}
     if draft_vocab is not None:
         if limits.get("full_vocab"):
@@ -277,7 +255,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
                                          "reduced draft vocab", path=d.checkpoint.path)
         dv = choose_draft_vocab(t.source if t is not None and t.local else "", list(draft_vocab_from or []),
                                 draft_vocab, vocab_size=spec.vocab_size)
-        computed = _reduce_vocab(d, t, recipe, dv)
+        computed = reduce_vocab(d, t, recipe, dv)
     config = write_config(spec, recipe)
     decisions: list[TensorDecision] = []
     frozen: list[Finding] = []
@@ -285,7 +263,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         if name not in spec.tensors:  # d2t / t2d, or an lm_head taken from the target
             decisions.append(TensorDecision(name, "reduce", recipe.to_layout(name, num_layers=spec.num_layers),
                                             f"reduced draft vocab: {dtype} {list(shape)}"))
-    for name in sorted(spec.tensors, key=_tensor_order):
+    for name in sorted(spec.tensors, key=tensor_order):
         if name in computed:
             decisions.append(TensorDecision(name, "reduce", recipe.to_layout(name, num_layers=spec.num_layers),
                                             f"reduced draft vocab: rows of {spec.draft_vocab_size} chosen tokens"))
@@ -333,282 +311,14 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
     return ConversionPlan(d, t, recipe, config, decisions, report, options, computed, carried)
 
 
-def _fill_from_target(spec, t: TargetSpec | None, recipe: Recipe, path) -> None:
-    """Give ``spec`` what the output layout's loader requires and only the target can tell (notes say so).
-
-    - a speculators verifier (``speculators_config.verifier``): speculators 0.9.0 ``VerifierConfig`` needs
-      ``architectures`` (a list) and borrows the embedding / LM head from ``name_or_path``: the target's repo id when
-      known (manifest, Hub source), else the target folder as given; ``architectures`` from the target's config;
-    - ``num_target_layers`` for layouts whose loader reads it (dflash 0.1.0 ``DFlashDraftModel.__init__``).
-
-    Raises:
-        ConversionRefusedError: the layout needs one of them, the source does not say it and no target was given.
-    """
-    writes_verifier = recipe.write_key("verifier_architectures") is not None
-    if writes_verifier and not (spec.target_ref.get("architectures") and spec.target_ref.get("name_or_path")):
-        if t is None:
-            raise ConversionRefusedError(
-                f"layout {recipe.name!r} names the drafter's target (speculators_config.verifier: name_or_path and "
-                "architectures, required by speculators 0.9.0 VerifierConfig) and the source does not say it",
-                path=path, hint="pass --target (its repo id and config architectures are written)")
-        repo = t.source
-        if t.manifest:
-            from dsparkhub.layouts.manifests import get_manifest
-
-            repo = get_manifest(t.manifest).repo_id
-        elif not t.local:
-            repo = t.source.partition("@")[0]
-        filled = {"name_or_path": repo, "architectures": list(t.checkpoint.config.get("architectures") or [])}
-        if not filled["architectures"]:
-            raise ConversionRefusedError(f"the target {t.source} names no `architectures` in its config.json; "
-                                         "speculators' verifier needs them", path=t.source)
-        for key, value in filled.items():
-            if not spec.target_ref.get(key):
-                spec.target_ref[key] = value
-                spec.notes.append(f"speculators verifier {key} taken from the target: {value}")
-    if recipe.data.get("requires_num_target_layers") and spec.num_target_layers is None:
-        if t is None:
-            raise ConversionRefusedError(
-                f"layout {recipe.name!r} needs num_target_layers (dflash 0.1.0 DFlashDraftModel.__init__ reads "
-                "config.num_target_layers) and the source does not record it", path=path,
-                hint="pass --target (its num_hidden_layers is written)")
-        spec.num_target_layers = t.num_hidden_layers
-        spec.notes.append(f"num_target_layers taken from the target: {t.num_hidden_layers}")
-
-
-def _reduce_vocab(d: OpenedDraft, t: TargetSpec | None, recipe: Recipe, dv) -> dict:
-    """``{canonical name: (dtype, shape, load)}`` for a reduced draft vocab; sets ``d.spec.draft_vocab_size``.
-
-    ``lm_head`` rows come from the drafter's own head, else from the (local) target's; ``markov_w2`` rows from the
-    drafter; ``d2t`` (and ``t2d`` where the layout ships it) from the chosen ids.
-
-    Raises:
-        ConversionRefusedError: the drafter's vocab is already reduced, or it has no LM head and the target's
-            cannot be read.
-    """
-    import torch
-
-    spec = d.spec
-    if spec.draft_vocab_size != spec.vocab_size or "d2t" in spec.tensors:
-        raise ConversionRefusedError(f"the drafter's draft vocab is already reduced ({spec.draft_vocab_size} of "
-                                     f"{spec.vocab_size}); --draft-vocab starts from a full-vocab drafter",
-                                     path=d.checkpoint.path)
-    ids = torch.tensor(dv.ids, dtype=torch.int64)
-    n = dv.size
-
-    def rows(load):
-        return lambda: load().index_select(0, ids).contiguous()
-
-    out = {}
-    head = spec.tensors.get("lm_head.weight")
-    if head is not None:
-        out["lm_head.weight"] = (head.dtype, (n, head.shape[1]),
-                                 rows(lambda: d.checkpoint.read_tensor(spec.source_names["lm_head.weight"])))
-    elif t is not None and t.local and t.lm_head is not None:
-        ref = t.lm_head
-        out["lm_head.weight"] = (ref.dtype, (n, ref.shape[1]), rows(lambda: t.checkpoint.read_tensor(ref.name)))
-    else:
-        raise ConversionRefusedError("the drafter has no LM head of its own and the target's cannot be read (a "
-                                     "local target is needed): a reduced draft vocab needs lm_head rows",
-                                     path=d.checkpoint.path)
-    w2 = spec.tensors.get("markov_head.markov_w2.weight")
-    if w2 is not None:
-        out["markov_head.markov_w2.weight"] = (
-            w2.dtype, (n, w2.shape[1]),
-            rows(lambda: d.checkpoint.read_tensor(spec.source_names["markov_head.markov_w2.weight"])))
-    out["d2t"] = ("I64", (n,), dv.d2t)
-    if "t2d" in ((recipe.data.get("write") or {}).get("derive") or []):
-        out["t2d"] = ("BOOL", (spec.vocab_size,), dv.t2d)
-    spec.draft_vocab_size = n
-    return out
-
-
-def _derived_nbytes(spec, name: str) -> int:
+def derived_nbytes(spec, name: str) -> int:
     dtype, shape = DERIVED_TENSORS[name][2](spec)
     return _expected_nbytes(dtype, shape)
 
 
-def _tensor_order(name: str):
+def tensor_order(name: str):
     # layers in numeric order, then the rest alphabetically: stable, readable shard contents
     parts = name.split(".")
     if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit():
         return (0, int(parts[1]), ".".join(parts[2:]))
     return (1, 0, name)
-
-
-def _source_files(d: OpenedDraft) -> list[Path]:
-    folder = Path(d.checkpoint.path)
-    files = [folder / "config.json"] + [folder / f for f in d.checkpoint.files] + [folder / f for f in CARRIED_FILES]
-    if d.checkpoint.index is not None:
-        files.append(folder / "model.safetensors.index.json")
-    return [p for p in files if p.exists()]
-
-
-def _pickle_origin_files(folder: Path) -> list[Path]:
-    """What provenance hashes for an ``--allow-pickle`` source: its ``config.json`` and its pickle weights."""
-    return [p for p in [folder / "config.json", *(folder / n for n in pickle_weight_files(folder))] if p.exists()]
-
-
-@contextmanager
-def _watch_bytes(folder: Path, total: int, progress: Callable[[str, int, int], None] | None, every_s: float = 0.2):
-    """While the body runs, report ``progress("write", bytes of *.safetensors in folder, total)`` from a thread (the
-    writer streams file to file and has no hook); a last call reports ``total`` when the body succeeded."""
-    if progress is None:
-        yield
-        return
-    stop = threading.Event()
-
-    def poll():
-        last = -1
-        while not stop.wait(every_s):
-            done = min(total, sum(p.stat().st_size for p in folder.glob("*.safetensors") if p.is_file()))
-            if done > last:
-                progress("write", done, total)
-                last = done
-
-    thread = threading.Thread(target=poll, name="dsparkhub-convert-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-    progress("write", total, total)
-
-
-def check_output(out: str | Path, plan: ConversionPlan, *, src: str | Path, overwrite: bool = False,
-                 pickle_origin: str | Path | None = None) -> None:
-    """The output checks :func:`convert` makes before writing, for ``--dry-run`` to make too (a dry run that passes
-    is a run the real command accepts).
-
-    Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is False, or ``out`` is, holds or lies in the source or
-            target folder (:func:`dsparkhub.io.writer.refuse_overlap`).
-    """
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
-    refuse_overlap(out, {"drafter": src, "drafter step": plan.draft.checkpoint.path, "pickle source": pickle_origin,
-                         "target": plan.target.source if plan.target is not None and plan.target.local else None})
-
-
-def _target_record(t: TargetSpec, base_model: str | None) -> dict:
-    """Provenance of the target: Hub id (``base_model``, else :func:`dsparkhub.target.target_repo_id`), and for a
-    local folder its name, ``config.json`` sha256 and header fingerprint (no local path)."""
-    repo, how = (base_model, "--base-model") if base_model else target_repo_id(t)
-    folder = Path(t.checkpoint.path) if t.local else None  # a Hub id read from the HF cache is local too
-    return {"source": repo or (folder.resolve().name if folder is not None else t.source), "repo_id": repo,
-            "repo_id_from": how if repo else None, "name": folder.resolve().name if folder is not None else None,
-            "config_sha256": sha256_file(folder / "config.json") if folder is not None else None,
-            "header_fingerprint": target_fingerprint(folder) if folder is not None else None}
-
-
-def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | None, *, to: str = "vllm",
-            layout: str | None = None, overwrite: bool = False, force: bool = False, keep_embeddings: bool = False,
-            max_shard_bytes: int | None = None, plan: ConversionPlan | None = None,
-            pickle_origin: str | Path | None = None, allow_different_embeddings: bool = False,
-            base_model: str | None = None,
-            progress: Callable[[str, int, int], None] | None = None) -> ConversionResult:
-    """Convert ``src`` into ``out`` (see the module docstring for the rules).
-
-    Args:
-        src, target, to, layout, force, keep_embeddings, allow_different_embeddings: as in :func:`plan_conversion`.
-        out: output folder; must not exist unless ``overwrite``.
-        overwrite: replace an existing ``out`` (atomically: the old one is removed only after the new one is in
-            place).
-        max_shard_bytes: output shard cap (default: the largest tensor + 256 MiB).
-        plan: a plan already made by :func:`plan_conversion` (skips planning).
-        pickle_origin: the folder the user named when ``src`` is the temporary safetensors copy of its pickle
-            weights (``--allow-pickle``, :func:`dsparkhub.io.checkpoint.pickle_as_safetensors`): provenance then
-            records that folder and the sha256 of its own pickle files, not the temporary copy.
-        base_model: the target's Hub repo id, recorded in provenance (``target.repo_id``) and used by the card;
-            default: found by :func:`dsparkhub.target.target_repo_id` (config ``_name_or_path``, manifests).
-        progress: called as ``progress(phase, done, total)``: ``"write"`` with bytes on disk of the planned total
-            (polled every 0.2 s while the shards are written), then ``"hash"`` with source files hashed (the
-            provenance hash, which runs beside the copy). The CLI draws bars on stderr from it.
-
-    Returns:
-        :class:`ConversionResult`.
-
-    Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is False (checked before any work), or ``out`` is, holds
-            or lies in the source or target folder (:func:`dsparkhub.io.writer.refuse_overlap`).
-        everything :func:`plan_conversion` raises.
-    """
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
-    plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
-                                   allow_different_embeddings=allow_different_embeddings)
-    d = plan.draft
-    check_output(out, plan, src=src, overwrite=overwrite, pickle_origin=pickle_origin)
-    # the source files are hashed (for provenance) on a second core while the tensors are copied
-    hasher = ThreadPoolExecutor(max_workers=1)
-    origin = resolve_step_dir(pickle_origin) if pickle_origin is not None else None
-    src_future = hasher.submit(sha256_files, _source_files(d) if origin is None else _pickle_origin_files(origin))
-    readers: dict[str, object] = {}
-
-    def loader(info):
-        def load():
-            from safetensors import safe_open
-
-            # keep only the current source shard open (tensors are sorted so shards are mostly sequential)
-            if info.file not in readers:
-                readers.clear()
-                readers[info.file] = safe_open(str(d.checkpoint.file_path(info)), framework="pt")
-            return readers[info.file].get_tensor(info.name)
-        return load
-
-    def raw(info):  # plain copies stream file to file (writer.SourceBytes): no tensor enters memory
-        return lambda: SourceBytes.of(d.checkpoint.file_path(info), info)
-
-    # in the order the tensors lie in the source files, so that the output shards follow the sources front to back
-    # (read once from the disk, by whichever of the copy and the provenance hash is ahead)
-    copies = sorted(plan.copies, key=lambda c: (str(d.checkpoint.file_path(d.spec.tensors[c.name])),
-                                                d.spec.tensors[c.name].start))
-    items = [(c.out_name, d.spec.tensors[c.name].nbytes, raw(d.spec.tensors[c.name])) for c in copies]
-
-    def derive(name):
-        inputs, fn, _ = DERIVED_TENSORS[name]
-        return lambda: fn(d.spec, lambda n: loader(d.spec.tensors[n])())
-
-    items += [(x.out_name, _derived_nbytes(d.spec, x.name), derive(x.name)) for x in plan.derived]
-    items += [(x.out_name, _expected_nbytes(*plan.computed[x.name][:2]), plan.computed[x.name][2])
-              for x in plan.reduced]
-    with atomic_output(out, overwrite=overwrite) as tmp:
-        with _watch_bytes(tmp, plan.out_bytes, progress):
-            files = write_shards(tmp, items, max_shard_bytes=max_shard_bytes)
-        readers.clear()
-        for name in plan.carried:
-            shutil.copyfile(Path(d.checkpoint.path) / name, tmp / name)
-        files += plan.carried
-        write_json(tmp / "config.json", plan.config)
-        if progress is not None:
-            progress("hash", 0, 1)
-        src_hashes = src_future.result()
-        if progress is not None:
-            progress("hash", 1, 1)
-        hasher.shutdown()
-        provenance = {
-            "tool": "dsparkhub", "version": __version__, "command": "convert",
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            # a release is pushed with this file: local folders are named by their own name plus hashes (and the
-            # target by its Hub id), never by an absolute path on this machine
-            "source": {"name": (origin or Path(d.checkpoint.path)).resolve().name, "layout": d.recipe.name,
-                       "files": {Path(p).name: h for p, h in src_hashes.items()},
-                       **({"read_with": "torch.load(weights_only=True)"} if origin else {})},
-            "target": None if plan.target is None else _target_record(plan.target, base_model),
-            "layout": plan.recipe.name,
-            "options": plan.options,
-            "tensors": {"written": len(plan.copies),
-                        "dropped": [{"name": x.name, "reason": x.reason} for x in plan.decisions
-                                    if x.action == "drop"],
-                        "kept_with_note": [{"name": x.name, "reason": x.reason} for x in plan.copies if x.reason]},
-            "validation": {"ok": plan.report.ok, "errors": len(plan.report.errors),
-                           "warnings": len(plan.report.warnings)},
-            # the output's own hashes are not recorded: they can be recomputed from OUT at any time
-            # (`checkpoint_fingerprint`, push), and a second sha256 pass would cost as much as the copy on 2 cores
-            "written_bytes": {name: (tmp / name).stat().st_size for name in ["config.json", *files]},
-        }
-        write_json(tmp / PROVENANCE_NAME, provenance)
-    return ConversionResult(out, plan, files, provenance)
