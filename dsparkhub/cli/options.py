@@ -84,3 +84,24 @@ def json_dict(ctx, param, value: str | None) -> dict | None:
     if not isinstance(obj, dict):
         raise click.BadParameter(f"expected a JSON object, found {value!r}")
     return obj
+
+
+def generation_options(*, minimum: int, temperature_help: str, seed_help: str | None = None):
+    """The four generation options ``verify`` and ``calibrate`` share, in this order: ``--max-prompts`` (at least
+    ``minimum``), ``--max-new-tokens`` (default 128, at least ``minimum``), ``--temperature`` (default 0.0 =
+    greedy) and ``--seed`` (default 0). ``calibrate`` needs ``minimum=2``: a fit and a held-out split."""
+    decorators = [
+        click.option("--max-prompts", type=click.IntRange(min=minimum),
+                     help="Use at most this many prompts per dataset."),
+        click.option("--max-new-tokens", type=click.IntRange(min=minimum), default=128, show_default=True),
+        click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+                     help=temperature_help),
+        click.option("--seed", type=int, default=0, show_default=True, help=seed_help),
+    ]
+
+    def apply(fn):
+        for decorator in reversed(decorators):  # click lists options in decorator order, top first
+            fn = decorator(fn)
+        return fn
+
+    return apply

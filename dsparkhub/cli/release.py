@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
-from dsparkhub.cli.errors import handle_errors
+from dsparkhub.cli.errors import fail, handle_errors
 from dsparkhub.cli.render import echo_json, hide_transformers_progress, print_plan, print_push, print_report, print_spec
 from dsparkhub.secrets import redact
 
@@ -151,7 +150,7 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
     click.echo(f"{report.draft}  [{report.layout}]")
     print_report(report)
     if not report.ok:
-        sys.exit(1)
+        fail()
     click.echo("== 5/7 verify with the reference engine (CPU): lossless, τ, speedup per num_speculative_tokens")
     results_path = out / "results.json"
     results = run_verify(drafter, ex.target, backend="reference", num_speculative_tokens=(3, 5, 7),

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
-from dsparkhub.cli.errors import handle_errors
+from dsparkhub.cli.errors import fail, handle_errors
 from dsparkhub.cli.options import ALLOW_PICKLE_HELP, ByteSize, int_list, layout_name, pickle_source
 from dsparkhub.cli.render import convert_bars, echo_json, fmt_bytes, print_plan, print_report, print_spec
 
@@ -58,7 +57,7 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
         click.echo(f"{report.draft}  [{report.layout}]")
         print_report(report)
     if not report.ok:
-        sys.exit(1)
+        fail()
 
 
 @click.command()

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 import click
 
-from dsparkhub.cli.errors import handle_errors
-from dsparkhub.cli.options import int_list, json_dict
+from dsparkhub.cli.errors import fail, handle_errors
+from dsparkhub.cli.options import generation_options, int_list, json_dict
 from dsparkhub.cli.render import echo_json, hide_transformers_progress
 
 
@@ -25,11 +24,7 @@ from dsparkhub.cli.render import echo_json, hide_transformers_progress
               help="Comma-separated n values; each is measured against the same baseline.")
 @click.option("--datasets", multiple=True, help="Comma-separated or repeated: PATH.jsonl, NAME=PATH, builtin, "
               "builtin:math|code|chat, hub:owner/name[:file.jsonl]. Default: the built-in smoke set.")
-@click.option("--max-prompts", type=click.IntRange(min=1), help="Use at most this many prompts per dataset.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
-              help="0 = greedy, which also checks that outputs are lossless.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@generation_options(minimum=1, temperature_help="0 = greedy, which also checks that outputs are lossless.")
 @click.option("--method", type=click.Choice(["dspark", "dflash", "eagle3"]),
               help="Speculative method (default: read from the drafter's config.json).")
 @click.option("--out", type=click.Path(), default="results.json", show_default=True, help="Results file.")
@@ -99,11 +94,8 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
 @click.option("--target", required=True, help="Target: HF folder (with tokenizer).")
 @click.option("--datasets", multiple=True, help="As for verify: PATH.jsonl, NAME=PATH, builtin, builtin:math|code|chat, "
               "hub:owner/name[:file.jsonl]. Default: the built-in smoke set.")
-@click.option("--max-prompts", type=click.IntRange(min=2), help="Use at most this many prompts per dataset.")
-@click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
-              help="0 = greedy acceptance (as SGLang's collector).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling and fit / held-out split seed.")
+@generation_options(minimum=2, temperature_help="0 = greedy acceptance (as SGLang's collector).",
+                    seed_help="Sampling and fit / held-out split seed.")
 @click.option("--fit-fraction", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True), default=0.5,
               show_default=True, help="Share of each dataset's prompts the temperatures are fitted on.")
 @click.option("--min-samples", type=click.IntRange(min=1), default=100, show_default=True,
@@ -169,7 +161,7 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
             for name in s.details.get("missing", [])[:20]:
                 click.echo(f"      missing: {name}")
     if not report.ok:
-        sys.exit(1)
+        fail()
 
 
 @click.command("sglang-check")
@@ -196,4 +188,4 @@ def sglang_check(draft: str | None, target: str, algorithm: str | None, as_json:
             for name in s.details.get("missing", [])[:20]:
                 click.echo(f"      missing: {name}")
     if not report.ok:
-        sys.exit(1)
+        fail()
