@@ -115,64 +115,47 @@ def example_build(cache_dir: str | None, force: bool, from_scratch: bool, as_jso
 def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: bool) -> None:
     """Run the main job on the embedded example: build it (cached), inspect, convert, validate, verify (reference
     engine), card, and push to a local Hub started for the occasion. Re-running replaces OUTDIR's contents."""
-    import tempfile
-    from pathlib import Path
-
-    from dsparkhub.card import write_card
-    from dsparkhub.convert import convert as run_convert
-    from dsparkhub.example import build_example
-    from dsparkhub.hub.push import push as push_folder
-    from dsparkhub.layouts.recipes import open_draft
-    from dsparkhub.testing.hub_server import LocalHub
-    from dsparkhub.validate import validate as run_validate
+    from dsparkhub.pipeline import quickstart as run_quickstart
     from dsparkhub.verify.results import format_summary_table
-    from dsparkhub.verify.runner import LoadOptions, run_verify
 
     if quiet:
         hide_transformers_progress()
 
-    out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    click.echo("== 1/7 example: a tiny Qwen3 target and a DSpark drafter trained on it (DeepSpec layout)")
-    ex = build_example()
-    click.echo(f"  target        {ex.target}\n  drafter run   {ex.deepspec_run}")
-    click.echo("== 2/7 inspect the training output (headers only)")
-    d = open_draft(ex.deepspec_run)
-    click.echo(f"{d.checkpoint.path}  [{d.recipe.title}]")
-    print_spec(d.spec.summary(), d.checkpoint.files)
-    click.echo("== 3/7 convert to the layout vLLM 0.32 loads")
-    drafter = out / "example-qwen3-dspark"
-    result = run_convert(ex.deepspec_run, drafter, ex.target, overwrite=True)
-    print_plan(result.plan)
-    click.echo(f"wrote {result.out}")
-    click.echo("== 4/7 validate against the target (headers only)")
-    report = run_validate(drafter, ex.target, num_speculative_tokens=7)
-    click.echo(f"{report.draft}  [{report.layout}]")
-    print_report(report)
-    if not report.ok:
+    headers = {
+        "example": "== 1/7 example: a tiny Qwen3 target and a DSpark drafter trained on it (DeepSpec layout)",
+        "inspect": "== 2/7 inspect the training output (headers only)",
+        "convert": "== 3/7 convert to the layout vLLM 0.32 loads",
+        "validate": "== 4/7 validate against the target (headers only)",
+        "verify": "== 5/7 verify with the reference engine (CPU): lossless, τ, speedup per num_speculative_tokens",
+        "card": "== 6/7 model card from the results",
+        "push": "== 7/7 push",
+    }
+
+    def finished(step: str, q) -> None:
+        if step == "example":
+            click.echo(f"  target        {q.example.target}\n  drafter run   {q.example.deepspec_run}")
+        elif step == "inspect":
+            click.echo(f"{q.source.checkpoint.path}  [{q.source.recipe.title}]")
+            print_spec(q.source.spec.summary(), q.source.checkpoint.files)
+        elif step == "convert":
+            print_plan(q.conversion.plan)
+            click.echo(f"wrote {q.conversion.out}")
+        elif step == "validate":
+            click.echo(f"{q.report.draft}  [{q.report.layout}]")
+            print_report(q.report)
+        elif step == "verify":
+            click.echo(format_summary_table(q.results))
+            click.echo(f"wrote {q.results_path}")
+        elif step == "card":
+            for p in q.card.plots:
+                click.echo(f"wrote {p}")
+        elif step == "local_hub":
+            click.echo(f"  local Hub at {q.hub_url} (pass --repo NS/NAME to plan a push to the real Hub instead)")
+        elif step == "push":
+            print_push(q.push)
+
+    q = run_quickstart(outdir, repo_id=repo_id, max_new_tokens=max_new_tokens, progress=not quiet,
+                       starting=lambda step: click.echo(headers[step]), finished=finished)
+    if not q.ok:
         fail()
-    click.echo("== 5/7 verify with the reference engine (CPU): lossless, τ, speedup per num_speculative_tokens")
-    results_path = out / "results.json"
-    results = run_verify(drafter, ex.target, backend="reference", num_speculative_tokens=(3, 5, 7),
-                         datasets=[f"heldout={ex.prompts}"], max_new_tokens=max_new_tokens, out=results_path,
-                         overwrite=True,
-                         progress=not quiet, load=LoadOptions(repeats=3))  # interleaved, medians: honest timing
-    click.echo(format_summary_table(results))
-    click.echo(f"wrote {results_path}")
-    click.echo("== 6/7 model card from the results")
-    # the example target lives only on this machine: the card names it by the id the local Hub below would give it
-    card_out = write_card(drafter, [results_path], repo_id="dsparkhub-example/qwen3-tiny-dspark",
-                          base_model="dsparkhub-example/qwen3-tiny")
-    for p in card_out.plots:
-        click.echo(f"wrote {p}")
-    click.echo("== 7/7 push")
-    if repo_id:
-        print_push(push_folder(drafter, repo_id, dry_run=True, target=str(ex.target)))
-    else:
-        token = "hf_quickstartLocalHubToken00000000"
-        with tempfile.TemporaryDirectory(prefix="dsparkhub-localhub-") as hub_root, \
-                LocalHub(hub_root, tokens={token: "dsparkhub-example"}) as hub, hub.client_settings():
-            click.echo(f"  local Hub at {hub.url} (pass --repo NS/NAME to plan a push to the real Hub instead)")
-            print_push(push_folder(drafter, "dsparkhub-example/qwen3-tiny-dspark", token=token, endpoint=hub.url,
-                                    target=str(ex.target)))
-    click.echo(f"card: {card_out.readme}")
+    click.echo(f"card: {q.card.readme}")
