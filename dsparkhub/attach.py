@@ -35,11 +35,12 @@ from pathlib import Path
 
 from dsparkhub import __version__
 from dsparkhub.io.checkpoint import ATTACH_RECORD, INDEX_NAME, file_identity, open_checkpoint, parse_header_bytes, read_json
-from dsparkhub.errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
+from dsparkhub.errors import (CheckpointFormatError, ConversionRefusedError, LayoutError)
 from dsparkhub.io.hashing import sha256_file
 from dsparkhub.layouts.recipes import OpenedDraft, get_recipe, open_draft
 from dsparkhub.target import target_from_checkpoint
 from dsparkhub.validate import validate
+from dsparkhub.validate.report import validation_error
 from dsparkhub.io.writer import (SourceBytes, atomic_output, background_flush, refuse_overlap, write_file, write_json,
                      write_safetensors, write_shards)
 
@@ -193,10 +194,8 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
     tspec = target_from_checkpoint(tck, str(target_dir))
     report = validate(d, tspec)
     if not report.ok and not force:
-        first = report.errors[0]
-        raise ValidationFailedError(f"the drafter fails {len(report.errors)} check(s) against {target_dir}; first: "
-                                    f"[{first.code}] {first.message}", report=report, path=d.checkpoint.path,
-                                    hint="run `dsparkhub validate DRAFT --target TARGET`, or pass --force")
+        raise validation_error(report, against=str(target_dir), refusing="nothing was attached", path=d.checkpoint.path,
+                               hint="run `dsparkhub validate DRAFT --target TARGET`, or pass --force")
     v4 = get_recipe("deepseek-v4")
     target_read = 0
     dropped: list[dict] = []

@@ -17,7 +17,7 @@ from dsparkhub.layouts.causality import causality_refusal
 from dsparkhub.layouts.spec import ANCHOR_FIRST, ONE_PLUS_N
 from dsparkhub.target import TargetSpec, open_target
 from dsparkhub.validate import validate
-from dsparkhub.validate.report import Finding, ValidationReport
+from dsparkhub.validate.report import Finding, ValidationReport, validation_error
 
 from dsparkhub.convert.target_fill import fill_from_target, reduce_vocab
 
@@ -210,11 +210,9 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
     report = validate(d, t)
     if not report.ok and not force:
         first = report.errors[0]
-        raise ValidationFailedError(
-            f"the drafter fails {len(report.errors)} check(s) against "
-            f"{'its target ' + t.source if t else 'vLLM’s contract'}; first: [{first.code}] {first.message}"
-            + (f" (expected {first.expected}, found {first.found})" if first.expected or first.found else ""),
-            report=report, path=d.checkpoint.path,
+        raise validation_error(
+            report, against=f"its target {t.source}" if t else "vLLM’s contract", refusing="nothing was converted",
+            path=d.checkpoint.path,
             hint=(first.hint + "; " if first.hint else "") + "run `dsparkhub validate` for every finding, or pass "
                  "--force to convert anyway")
     spec = d.spec

@@ -42,13 +42,13 @@ from dsparkhub.errors import (
     ConversionRefusedError,
     DsparkhubError,
     HubError,
-    ValidationFailedError,
 )
 from dsparkhub.hub.remote import HUB_ERRORS, check_repo_id, hub_error, redactor
 from dsparkhub.io.checkpoint import PICKLE_SUFFIXES, TRAINING_STATE_PREFIXES
 from dsparkhub.io.hashing import checkpoint_fingerprint, sha256_files
 from dsparkhub.target import open_target
 from dsparkhub.validate import validate as run_validate
+from dsparkhub.validate.report import validation_error
 
 #: remote files a push never deletes even when the local folder lacks them (the Hub creates it with the repo).
 NEVER_DELETE = frozenset({".gitattributes"})
@@ -441,14 +441,10 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         report_validation = validation.to_dict()
         if not validation.ok:
             if not force:
-                listing = "; ".join(f"{f.code} {f.location}: {f.message}" for f in validation.errors[:8])
-                more = len(validation.errors) - 8
-                raise ValidationFailedError(
-                    r(f"validate found {len(validation.errors)} error(s), refusing to push: {listing}"
-                      + (f" (+{more} more)" if more > 0 else "")),
-                    report=validation, path=draft_dir,
-                    hint="fix the drafter (see `dsparkhub validate`), or pass --force to push anyway "
-                         "(recorded in the commit message)")
+                raise validation_error(
+                    validation, against=target or "vLLM's contract", refusing="refusing to push", path=draft_dir,
+                    redact=r, hint="fix the drafter (see `dsparkhub validate`), or pass --force to push anyway "
+                                   "(recorded in the commit message)")
             forced = True
         if getattr(validation, "layout", None) in TRAINING_LAYOUTS:
             if not force:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from dsparkhub.errors import ValidationFailedError
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -144,3 +148,29 @@ class Collector:
         self.items.append(Finding(code, ALL_CODES[code][0], message, location, str(expected), str(found), hint))
 
 
+def validation_error(report: ValidationReport, *, against: str, refusing: str, path: str | Path | None,
+                     hint: str, redact: Callable[[str], str] | None = None) -> ValidationFailedError:
+    """The one error every command raises when a validation it relies on found errors (convert, attach, verify,
+    calibrate, push): every error listed, one per line, as ``[CODE] location: message (expected E, found F)``.
+
+    Args:
+        report: the report (only ``errors`` is read: objects with ``code`` / ``message`` and optionally
+            ``location`` / ``expected`` / ``found``).
+        against: what the drafter was checked against, e.g. ``"its target Qwen/Qwen3-8B"``.
+        refusing: what is not done, e.g. ``"nothing was converted"``.
+        path: the drafter folder.
+        hint: how to fix it or go on anyway (``--force``).
+        redact: applied to the message (push hides the token).
+
+    Returns:
+        A :class:`~dsparkhub.errors.ValidationFailedError` whose ``report`` is ``report`` (the caller raises it).
+    """
+    lines = []
+    for f in report.errors:
+        where = f"{f.location}: " if getattr(f, "location", None) else ""
+        expected, found = getattr(f, "expected", ""), getattr(f, "found", "")
+        detail = f" (expected {expected}, found {found})" if expected or found else ""
+        lines.append(f"  - [{f.code}] {where}{f.message}{detail}")
+    message = (f"the drafter does not pass validation against {against} ({len(report.errors)} error(s)); "
+               f"{refusing}:\n" + "\n".join(lines))
+    return ValidationFailedError(redact(message) if redact else message, report=report, path=path, hint=hint)

@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from dsparkhub.errors import (CheckpointFormatError, DsparkhubError, EngineUnavailableError, OutputExistsError,
-                      OutputNotWritableError, ValidationFailedError, VerifyError)
+                      OutputNotWritableError, VerifyError)
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import public_name
 from dsparkhub.validate import validate
+from dsparkhub.validate.report import validation_error
 from dsparkhub.verify.results import (DEFAULT_SPREAD_LIMIT, METHODS, EngineInfo, ModelRef, Settings, VerifyResults, build_results,
                       target_fingerprint)
 from dsparkhub.verify.stats import Backend, RunStats
@@ -237,11 +238,8 @@ def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callab
     for f in report.warnings if warn is not None else []:
         warn(f"warning [{f.code}] {f.message}")
     if not report.ok:
-        lines = "\n".join(f"  - [{f.code}] {f.location}: {f.message}" if getattr(f, "location", None)
-                          else f"  - [{f.code}] {f.message}" for f in report.errors)
-        raise ValidationFailedError(f"the drafter does not pass validation against the target "
-                                    f"({len(report.errors)} error(s)):\n{lines}", report=report, path=draft,
-                                    hint="run `dsparkhub validate` for the full report; no model was loaded")
+        raise validation_error(report, against="the target", refusing="no model was loaded", path=draft,
+                               hint="run `dsparkhub validate` for the full report")
 
 
 def _accepts(backend: Backend, name: str) -> bool:
