@@ -5,7 +5,8 @@ from __future__ import annotations
 
 
 from dsparkhub.errors import ConversionRefusedError
-from dsparkhub.layouts.recipes import (OpenedDraft, Recipe)
+from dsparkhub.layouts.manifests import get_manifest
+from dsparkhub.layouts.recipes import OpenedDraft, Recipe
 from dsparkhub.target import TargetSpec
 
 
@@ -30,8 +31,6 @@ def fill_from_target(spec, t: TargetSpec | None, recipe: Recipe, path) -> None:
                 path=path, hint="pass --target (its repo id and config architectures are written)")
         repo = t.source
         if t.manifest:
-            from dsparkhub.layouts.manifests import get_manifest
-
             repo = get_manifest(t.manifest).repo_id
         elif not t.local:
             repo = t.source.partition("@")[0]
