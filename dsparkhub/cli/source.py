@@ -99,7 +99,7 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
             max_shard_size, dry_run, as_json, draft_vocab, draft_vocab_from, declare_block_layout, attach_to, attach_as,
             link, allow_pickle, base_model):
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
-    from dsparkhub.convert import convert as run_convert
+    from dsparkhub.convert import PROVENANCE_FILE, convert as run_convert
     from dsparkhub.convert.plan import plan_conversion
 
     named, src = src, pickle_source(src, allow_pickle)
@@ -135,7 +135,7 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
                            draft_vocab_from=list(draft_vocab_from),
                            allow_different_embeddings=allow_different_embeddings)
     if dry_run:
-        from dsparkhub.convert import PROVENANCE_FILE, check_output
+        from dsparkhub.convert import check_output
 
         check_output(out, plan, src=src, overwrite=overwrite, pickle_origin=named if src != named else None)
         if as_json:
