@@ -35,16 +35,18 @@ from pathlib import Path
 
 from dsparkhub import __version__
 from dsparkhub.io.attach_record import ATTACH_RECORD, file_identity
-from dsparkhub.io.checkpoint import INDEX_NAME, open_checkpoint
+from dsparkhub.io.checkpoint import INDEX_NAME, open_checkpoint, read_json
 from dsparkhub.io.header import parse_header_bytes
-from dsparkhub.errors import (CheckpointFormatError, ConversionRefusedError, LayoutError, ValidationFailedError)
+from dsparkhub.errors import (CheckpointFormatError, ConversionRefusedError, LayoutError)
 from dsparkhub.io.hashing import sha256_file
 from dsparkhub.io.sharding import plan_shards
 from dsparkhub.layouts.reading import OpenedDraft, open_draft
 from dsparkhub.layouts.recipes import get_recipe
 from dsparkhub.target import target_from_checkpoint
-from dsparkhub.io.output import atomic_output, background_flush, refuse_overlap, write_json
-from dsparkhub.io.writer import SourceBytes, write_file, write_safetensors, write_shards
+from dsparkhub.validate import validate
+from dsparkhub.validate.report import validation_error
+from dsparkhub.io.writer import SourceBytes, background_flush, write_file, write_json, write_safetensors, write_shards
+from dsparkhub.io.output import atomic_output, refuse_overlap
 
 DRAFT_SHARD = "model-dspark-{k:05d}-of-{n:05d}.safetensors"
 #: target model types whose config vLLM reads ``dspark_*`` keys from (V4 DSpark, vLLM 0.32 / dspark-vllm overlay)
@@ -167,8 +169,6 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
             drafter attached with ``force`` is written but cannot be loaded there.
         OutputExistsError, CheckpointNotFoundError, CheckpointFormatError, LayoutError: see the readers / writer.
     """
-    from dsparkhub.validate import validate
-
     if link not in LINK_MODES:
         raise ConversionRefusedError(f"unknown link mode {link!r}; expected one of {LINK_MODES}")
     target_dir = Path(target_dir)
@@ -198,10 +198,8 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
     tspec = target_from_checkpoint(tck, str(target_dir))
     report = validate(d, tspec)
     if not report.ok and not force:
-        first = report.errors[0]
-        raise ValidationFailedError(f"the drafter fails {len(report.errors)} check(s) against {target_dir}; first: "
-                                    f"[{first.code}] {first.message}", report=report, path=d.checkpoint.path,
-                                    hint="run `dsparkhub validate DRAFT --target TARGET`, or pass --force")
+        raise validation_error(report, against=str(target_dir), refusing="nothing was attached", path=d.checkpoint.path,
+                               hint="run `dsparkhub validate DRAFT --target TARGET`, or pass --force")
     v4 = get_recipe("deepseek-v4")
     target_read = 0
     dropped: list[dict] = []
@@ -356,8 +354,6 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
             files = write_shards(tmp, items, max_shard_bytes=DEFAULT_SHARD_BYTES)
             shutil.copyfile(attached / "config.json", tmp / "config.json")
         return DetachResult(Path(out), files + ["config.json"], False, "deepseek-v4", sum(n for _, n, _ in items))
-
-    from dsparkhub.io.checkpoint import read_json
 
     rec = read_json(record_path, ATTACH_RECORD)
     drafter = rec["drafter"]

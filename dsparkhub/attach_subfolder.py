@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsparkhub.attach import LINK_MODES, _place, _target_files
+from dsparkhub.convert import convert
 from dsparkhub.errors import ConversionRefusedError
 from dsparkhub.io.output import atomic_output, refuse_overlap
 
@@ -68,8 +69,6 @@ def attach_subfolder(draft: str | Path, target_dir: str | Path, out: str | Path,
             was required and failed.
         ValidationFailedError, OutputExistsError, CheckpointNotFoundError, LayoutError: see :func:`convert`.
     """
-    from dsparkhub.convert import convert
-
     if link not in LINK_MODES:
         raise ConversionRefusedError(f"unknown link mode {link!r}; expected one of {LINK_MODES}")
     target_dir, out = Path(target_dir), Path(out)

@@ -42,8 +42,15 @@ from pathlib import Path
 
 from dsparkhub import __version__
 from dsparkhub.errors import DsparkhubError, OutputExistsError, ResultsError
+from dsparkhub.layouts.deepspec_run import resolve_step_dir
+from dsparkhub.io.hashing import checkpoint_fingerprint
+from dsparkhub.layouts.reading import open_draft
+from dsparkhub.validate.sidecar import STS_FILE, sidecar_problems
+from dsparkhub.verify.prompts import load_datasets
+from dsparkhub.verify.results.identity import target_fingerprint
+from dsparkhub.verify.engines import check_torch_device
+from dsparkhub.verify.runner import _validate
 
-STS_FILE = "dspark_sts.json"
 FORMAT = "dsparkhub.sts/1"
 PLOT_FILE = "assets/confidence_reliability.png"
 
@@ -53,36 +60,7 @@ class CalibrationError(DsparkhubError, ValueError):
     unreadable."""
 
 
-# ---- the sidecar: SGLang's reader checks ----------------------------------------------------------------------
-
-
-def sidecar_problems(data) -> list[str]:
-    """What SGLang 0.5.23's reader would refuse in a parsed sidecar (empty list: it loads).
-
-    Reproduces ``DSparkStsCalibration`` (``srt/speculative/dspark_components/dspark_sts.py`` lines 9-31): a JSON
-    object; ``temperatures`` required, a non-empty list of numbers all > 0 (``__post_init__``, lines 16-24);
-    ``dataset`` a string, ``num_samples`` an integer, ``ece_before`` / ``ece_after`` lists of numbers (msgspec's typed
-    decode, line 31; JSON has no NaN, and msgspec rejects null for a float). Unknown keys are ignored by msgspec.
-    """
-    def number(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-    if not isinstance(data, dict):
-        return [f"expected a JSON object, found {type(data).__name__}"]
-    out = []
-    temps = data.get("temperatures")
-    if not isinstance(temps, list) or not temps or not all(number(t) for t in temps):
-        out.append("`temperatures` must be a non-empty list of numbers")
-    elif any(t <= 0 for t in temps):
-        out.append(f"`temperatures` must all be > 0, found {temps}")
-    if "dataset" in data and not isinstance(data["dataset"], str):
-        out.append("`dataset` must be a string")
-    if "num_samples" in data and (not isinstance(data["num_samples"], int) or isinstance(data["num_samples"], bool)):
-        out.append("`num_samples` must be an integer")
-    for key in ("ece_before", "ece_after"):
-        if key in data and (not isinstance(data[key], list) or not all(number(v) for v in data[key])):
-            out.append(f"`{key}` must be a list of numbers (no null)")
-    return out
+# ---- the sidecar ------------------------------------------------------------------------------------------
 
 
 def read_sidecar(path: str | Path) -> dict:
@@ -139,8 +117,6 @@ def check_drafter(draft: str | Path):
         CalibrationError: not a DSpark drafter, no confidence head declared or its tensors absent, or a block that
             does not propose ``block_size`` tokens (1+N: SGLang's γ would not match the positions drafted).
     """
-    from dsparkhub.layouts.reading import open_draft
-
     d = open_draft(draft)
     spec = d.spec
     head = {"confidence_head.proj.weight", "confidence_head.proj.bias"} & set(spec.tensors)
@@ -185,15 +161,8 @@ def run_calibration(draft: str | Path, target: str | Path, *, datasets=None, max
     """
     from tqdm import tqdm
 
-    from dsparkhub.layouts.deepspec_run import resolve_step_dir
-    from dsparkhub.io.hashing import checkpoint_fingerprint
     from dsparkhub.verify import calibration as cal
-    from dsparkhub.verify.prompts import load_datasets
     from dsparkhub.verify.reference.engine import ReferenceEngine
-    from dsparkhub.verify.results.identity import target_fingerprint
-    from dsparkhub.verify.engines import check_torch_device
-    from dsparkhub.verify.runner import _validate
-
     draft = resolve_step_dir(draft) if Path(draft).is_dir() else Path(draft)
     _, gamma = check_drafter(draft)
     out = Path(out) if out is not None else draft / STS_FILE
@@ -366,8 +335,6 @@ def card_context(draft: str | Path) -> dict | None:
     data = read_sidecar(path)
     if data.get("format") != FORMAT:
         return {"foreign": True, "file": STS_FILE, "temperatures": data["temperatures"]}
-    from dsparkhub.io.hashing import checkpoint_fingerprint
-
     found, fingerprint = (data.get("provenance") or {}).get("drafter_fingerprint"), checkpoint_fingerprint(draft)
     if found != fingerprint:
         raise ResultsError(f"{STS_FILE} was fitted on drafter fingerprint {found}, but the folder has fingerprint "

@@ -112,3 +112,7 @@ class ManifestError(DsparkhubError, LookupError):
 
 class OutputNotWritableError(DsparkhubError, PermissionError):
     """An output path cannot be written (read-only folder, no permission), found before any work starts."""
+
+
+class CardError(DsparkhubError, ValueError):
+    """The card cannot be rendered (bad template, missing drafter config, nothing to report)."""

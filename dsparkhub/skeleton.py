@@ -24,13 +24,16 @@ import json
 import math
 import os
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dsparkhub.io.checkpoint import INDEX_NAME
 from dsparkhub.io.header import DTYPE_BITS
 from dsparkhub.errors import ManifestError
-from dsparkhub.layouts.families import evaluate
+from dsparkhub.attach import dspark_config_keys
+from dsparkhub.layouts.families import evaluate, expected_tensors
+from dsparkhub.layouts.reading import open_draft
+from dsparkhub.layouts.spec import DraftSpec
 from dsparkhub.layouts.manifests import ReleaseManifest, TargetManifest, get_manifest
 from dsparkhub.io.output import atomic_output, write_json
 
@@ -299,9 +302,6 @@ def write_skeleton(manifest: TargetManifest | str, out: str | Path, *, tiny: boo
         groups += [[t for t in drafter if t.name.startswith(f"mtp.{k}.")] for k in range(stages)]
         tensors = tensors + drafter
         dd = m.drafter_defaults
-        from dsparkhub.attach import dspark_config_keys
-        from dsparkhub.layouts.spec import DraftSpec
-
         spec = DraftSpec("deepseek-v4", "dspark", "deepseek-v4", m.architecture, dd["block_size"], "anchor_first",
                          list(dd["target_layer_ids"]), m.num_hidden_layers, dd["markov_rank"], "vanilla", True,
                          False, m.vocab_size, m.vocab_size, dd["mask_token_id"], m.hidden_size, m.hidden_size, stages)
@@ -360,9 +360,6 @@ def sparse_drafter(out: str | Path, config: dict, *, layout: str | None = None) 
     Raises:
         LayoutError: the config matches no layout, or the layout has no family table.
     """
-    from dsparkhub.layouts.families import expected_tensors
-    from dsparkhub.layouts.reading import open_draft
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", config)
@@ -373,4 +370,83 @@ def sparse_drafter(out: str | Path, config: dict, *, layout: str | None = None) 
     tensors = [SkeletonTensor(d.recipe.to_layout(e.name, num_layers=d.spec.num_layers), dtypes.get(e.name, "BF16"),
                               e.shape) for e in expected if not e.optional and e.shape is not None]
     write_sparse_safetensors(out / "model.safetensors", tensors)
+    return out
+
+
+# ---- checking a manifest against transformers' own model class ------------------------------------------------
+
+
+#: transformers 5.19 classes that build a target of a manifest ``model_type`` (for :func:`meta_check`).
+META_CLASSES = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+                "deepseek_v4": ("DeepseekV4ForCausalLM", "DeepseekV4Config"),
+                "kimi_k25": ("Kimi_K25ForConditionalGeneration", None)}
+
+
+@dataclass
+class MetaCheck:
+    """How a manifest's checkpoint tensors compare with transformers' own model class built on the ``meta`` device.
+
+    Attributes:
+        model_class: the transformers class used.
+        matched: checkpoint names whose renamed HF name exists with the same shape.
+        merged: checkpoint names that transformers merges into a fused tensor (experts); existence checked only.
+        mismatched: ``(checkpoint name, manifest shape, HF shape)`` for shape disagreements.
+        unmapped: checkpoint names with no HF counterpart (quantization side tensors such as ``.scale``).
+    """
+
+    model_class: str
+    matched: list = field(default_factory=list)
+    merged: list = field(default_factory=list)
+    mismatched: list = field(default_factory=list)
+    unmapped: list = field(default_factory=list)
+
+
+def meta_check(m: TargetManifest | str, *, layers: int | None = 2) -> MetaCheck:
+    """Compare ``m``'s checkpoint tensor names / shapes with transformers 5.19's model class on the ``meta`` device.
+
+    Checkpoint names are mapped to HF names with transformers' own ``conversion_mapping`` (``rename_source_key``),
+    exactly as ``from_pretrained`` would; the model is built from the manifest's geometry and ``config`` (with
+    ``layers`` decoder layers to keep it quick: every layer has the same tensors). Costs no memory (meta tensors).
+
+    Raises:
+        ManifestError: no transformers class for the manifest's model type, or no tensor layout.
+    """
+    import dataclasses
+
+    import torch
+    import transformers
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    m = m if isinstance(m, TargetManifest) else get_manifest(m)
+    if m.model_type not in META_CLASSES:
+        raise ManifestError(f"no transformers class to check manifest {m.name!r} (model_type {m.model_type!r})")
+    cls_name, cfg_name = META_CLASSES[m.model_type]
+    geometry = {"hidden_size": m.hidden_size, "num_hidden_layers": layers or m.num_hidden_layers,
+                "vocab_size": m.vocab_size, "tie_word_embeddings": m.tied}
+    text = {k: v for k, v in m.config.items() if not k.startswith("num_mla") and not k.startswith("num_kda")}
+    if m.model_type == "kimi_k25":
+        from transformers.models.kimi_k25.configuration_kimi_k25 import Kimi_K25Config
+
+        cfg = Kimi_K25Config(text_config={**text, **geometry, "model_type": "deepseek_v3"})
+    else:
+        cfg = getattr(transformers, cfg_name)(**{**text, **geometry})
+    with torch.device("meta"):
+        model = getattr(transformers, cls_name)(cfg)
+    hf = {n: tuple(p.shape) for n, p in model.state_dict().items()}
+    mapping = get_checkpoint_conversion_mapping(m.model_type) or []
+    renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    small = dataclasses.replace(m, num_hidden_layers=layers or m.num_hidden_layers)
+    out = MetaCheck(cls_name)
+    for t in skeleton_tensors(small):
+        name, conv = rename_source_key(t.name, renamings, converters, model.base_model_prefix, hf)
+        if conv is not None:
+            (out.merged if name in hf else out.unmapped).append(t.name)
+        elif name not in hf:
+            out.unmapped.append(t.name)
+        elif hf[name] != t.shape:
+            out.mismatched.append((t.name, list(t.shape), list(hf[name])))
+        else:
+            out.matched.append(t.name)
     return out

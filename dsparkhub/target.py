@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsparkhub.io.checkpoint import Checkpoint, open_checkpoint
+from dsparkhub.errors import CheckpointNotFoundError, HubError, IncompatibleTargetError, ManifestError
+from dsparkhub.hub.remote import remote_checkpoint
+from dsparkhub.io.checkpoint import Checkpoint, open_checkpoint, read_json
 from dsparkhub.io.header import TensorInfo
-from dsparkhub.errors import CheckpointNotFoundError, HubError, IncompatibleTargetError
+from dsparkhub.layouts.manifests import TargetManifest, get_manifest, is_manifest_name, load_manifests, tensor_info
 from dsparkhub.repo_ids import is_repo_id
 
 #: embedding / LM-head tensor names seen in target checkpoints, most common first (HF Qwen3/Gemma4,
@@ -127,9 +129,6 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
         spec = target_from_checkpoint(open_checkpoint(path, lazy=True), source)
         marker = path / "dsparkhub_skeleton.json"
         if marker.is_file():  # a skeleton written by dsparkhub.skeleton: its manifest knows the seeds' settings
-            from dsparkhub.io.checkpoint import read_json
-            from dsparkhub.layouts.manifests import get_manifest
-
             info = read_json(marker, "dsparkhub_skeleton.json")
             m = get_manifest(str(info.get("manifest", "")).removesuffix("-tiny"))
             spec.manifest = m.name
@@ -138,13 +137,9 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
         return spec
     name = source.removeprefix("manifest:")
     if "/" not in name:
-        from dsparkhub.layouts.manifests import is_manifest_name, target_spec_from_manifest
-
         if is_manifest_name(name) or source.startswith("manifest:"):
             return target_spec_from_manifest(name)
     if is_repo_id(source, revision=True) and not source.startswith((".", "/")):
-        from dsparkhub.hub.remote import remote_checkpoint
-
         repo, _, revision = source.partition("@")
         cached = _cached_snapshot(repo, revision or None)
         if cached is not None:  # HF_HUB_OFFLINE=1 and the target was downloaded before: read the HF cache
@@ -163,6 +158,28 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
                                   path=source)
 
 
+def target_spec_from_manifest(name: str | TargetManifest, folder: str | Path | None = None) -> TargetSpec:
+    """A :class:`TargetSpec` from a target manifest: geometry and embedding / LM-head headers,
+    no data (``local`` is False, so byte comparisons are skipped and reported as such).
+
+    Raises:
+        ManifestError: unknown name, or ``name`` is a release manifest.
+    """
+    m = name if isinstance(name, TargetManifest) else get_manifest(name, folder)
+    if not isinstance(m, TargetManifest):
+        raise ManifestError(f"{m.name!r} is a release manifest; pass its target {m.target!r}")
+    embed, head = tensor_info(m.embed), tensor_info(m.lm_head)
+    tensors = {embed.name: embed, head.name: head}
+    cfg = {**m.config, "model_type": m.text_model_type or m.model_type, "hidden_size": m.hidden_size,
+           "num_hidden_layers": m.num_hidden_layers, "vocab_size": m.vocab_size, "tie_word_embeddings": m.tied}
+    ck = Checkpoint(f"manifest:{m.name}", cfg, tensors, [], None, {}, remote=True)
+    spec = TargetSpec(f"manifest:{m.name}", ck, cfg, cfg["model_type"], m.hidden_size, m.num_hidden_layers,
+                      m.vocab_size, embed, head, m.tied)
+    spec.default_target_layer_ids = (m.drafter_defaults or {}).get("target_layer_ids")
+    spec.manifest = m.name
+    return spec
+
+
 # ---- the target's public name -----------------------------------------------------------------------------------
 
 
@@ -179,8 +196,6 @@ def manifest_for_headers(spec: TargetSpec):
     vocab size and the two tensors both sides know. Returns None unless exactly one manifest matches (the tiny
     skeletons and the embedded example match none).
     """
-    from dsparkhub.layouts.manifests import load_manifests
-
     def key(t):
         return None if t is None else (t.name, tuple(t.shape), t.dtype)
 
@@ -208,8 +223,6 @@ def target_repo_id(source: str | Path | TargetSpec) -> tuple[str | None, str]:
     text = spec.source if spec is not None else str(source)
     if spec is None and not Path(text).exists():
         name = text.removeprefix("manifest:")
-        from dsparkhub.layouts.manifests import TargetManifest, get_manifest, is_manifest_name
-
         if "/" not in name and is_manifest_name(name):
             m = get_manifest(name)
             return (m.repo_id, f"manifest {m.name}") if isinstance(m, TargetManifest) else (None, "release")
@@ -218,8 +231,6 @@ def target_repo_id(source: str | Path | TargetSpec) -> tuple[str | None, str]:
     if spec is not None and not Path(text).exists() and _hub_id_like(text.partition("@")[0]):
         return text.partition("@")[0], "Hub repo id"  # e.g. read from the HF cache offline
     if spec is not None and spec.manifest and not spec.local:
-        from dsparkhub.layouts.manifests import get_manifest
-
         return get_manifest(spec.manifest).repo_id, f"manifest {spec.manifest}"
     if spec is not None and not spec.local:
         repo = text.removeprefix("hub:").partition("@")[0]
@@ -233,9 +244,6 @@ def target_repo_id(source: str | Path | TargetSpec) -> tuple[str | None, str]:
             return cfg["_name_or_path"], "config.json _name_or_path"
     marker = Path(spec.source) / "dsparkhub_skeleton.json"
     if spec.manifest and marker.is_file():
-        from dsparkhub.io.checkpoint import read_json
-        from dsparkhub.layouts.manifests import get_manifest
-
         if not read_json(marker, "dsparkhub_skeleton.json").get("tiny"):  # tiny ones have other geometry
             return get_manifest(spec.manifest).repo_id, f"skeleton of manifest {spec.manifest}"
     m = manifest_for_headers(spec)

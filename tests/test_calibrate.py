@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from dsparkhub.validate.sidecar import STS_FILE, sidecar_problems
 from dsparkhub.calibrate import (
-    STS_FILE,
     CalibrationError,
     build_sidecar,
     read_sidecar,
-    sidecar_problems,
     write_sidecar,
 )
 from dsparkhub.cli import main

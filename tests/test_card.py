@@ -11,10 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from dsparkhub.card.facts import CardError
 from dsparkhub.card.render import write_card
 from dsparkhub.cli import main
-from dsparkhub.errors import ResultsError
+from dsparkhub.errors import CardError, ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings
 from dsparkhub.verify.results.derive import build_results
@@ -332,7 +331,7 @@ def test_cli_card(tmp_path):
 
 
 def test_a_hand_written_readme_is_kept_unless_overwrite(tmp_path):
-    from dsparkhub.card.render import CARD_MARKER
+    from dsparkhub.card import CARD_MARKER
 
     draft = make_drafter(tmp_path / "d")
     r = make_results(draft, tmp_path / "r.json")

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from dsparkhub.io import output
 from dsparkhub.cli import main
-from dsparkhub.convert import PROVENANCE_NAME, convert, plan_conversion
+from dsparkhub.convert import PROVENANCE_FILE, convert
+from dsparkhub.convert.plan import plan_conversion
 from dsparkhub.errors import (CheckpointNotFoundError, ConversionRefusedError, OutputExistsError,
                               ValidationFailedError)
 from dsparkhub.io.hashing import sha256_file
@@ -50,10 +51,10 @@ def test_deepspec_to_vllm_is_bit_exact_and_drops_identical_copies(tmp_path, run,
     assert cfg["target_layer_ids"] == [0, 1, 2] and cfg["markov_rank"] == 8 and cfg["block_size"] == 7
     assert cfg["mask_token_id"] == 127 and cfg["enable_confidence_head"] is True
     assert "num_anchors" not in cfg and "_attn_implementation" not in cfg
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", PROVENANCE_NAME,
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", PROVENANCE_FILE,
                                                                     "model.safetensors"]
     assert _hashes(run) == before, "the source checkpoint must not change"
-    prov = json.loads((tmp_path / "out" / PROVENANCE_NAME).read_text())
+    prov = json.loads((tmp_path / "out" / PROVENANCE_FILE).read_text())
     assert prov["source"]["files"]["model.safetensors"] == before["model.safetensors"]
     assert prov["written_bytes"]["model.safetensors"] == (tmp_path / "out" / "model.safetensors").stat().st_size
     assert {d["name"] for d in prov["tensors"]["dropped"]} == {"embed_tokens.weight", "lm_head.weight"}
@@ -201,7 +202,7 @@ def test_provenance_names_folders_and_the_targets_hub_id_never_a_local_path(tmp_
     cfg = json.loads((target / "config.json").read_text())
     (target / "config.json").write_text(json.dumps({**cfg, "_name_or_path": "org/qwen3-tiny"}))
     convert(run, tmp_path / "out", target)
-    text = (tmp_path / "out" / PROVENANCE_NAME).read_text()
+    text = (tmp_path / "out" / PROVENANCE_FILE).read_text()
     prov = json.loads(text)
     assert str(tmp_path) not in text
     assert prov["source"]["name"] == Path(open_draft(run).checkpoint.path).name  # the step folder, with file hashes
@@ -211,7 +212,7 @@ def test_provenance_names_folders_and_the_targets_hub_id_never_a_local_path(tmp_
     res = CliRunner().invoke(main, ["convert", str(run), "--target", str(target), "--out", str(tmp_path / "o2"),
                                     "--base-model", "org/other"])
     assert res.exit_code == 0, res.output
-    prov = json.loads((tmp_path / "o2" / PROVENANCE_NAME).read_text())
+    prov = json.loads((tmp_path / "o2" / PROVENANCE_FILE).read_text())
     assert prov["target"]["repo_id"] == "org/other" and prov["target"]["repo_id_from"] == "--base-model"
 
 

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from dsparkhub.cli import main
-from dsparkhub.convert import convert, plan_conversion
+from dsparkhub.convert import convert
+from dsparkhub.convert.plan import plan_conversion
 from dsparkhub.draft_vocab import choose_draft_vocab
 from dsparkhub.errors import ConversionRefusedError
 from dsparkhub.verify.reference.loading import load_drafter

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dsparkhub.io.checkpoint import open_checkpoint
-from dsparkhub.convert import convert, plan_conversion
+from dsparkhub.convert import convert
+from dsparkhub.convert.plan import plan_conversion
 from dsparkhub.errors import ConversionRefusedError, LayoutError
 from dsparkhub.layouts.reading import open_draft
 from dsparkhub.layouts.recipes import get_recipe, load_recipes
@@ -247,7 +248,7 @@ def test_ids_shifted_by_one_against_a_manifest_target_are_named(tmp_path):
 
 def test_verifier_naming_another_target_is_a_warning(tmp_path, target):
     src = F.make_speculators_drafter(tmp_path / "s", target, verifier="moonshotai/Kimi-K2.6")
-    from dsparkhub.layouts.manifests import target_spec_from_manifest
+    from dsparkhub.target import target_spec_from_manifest
 
     t = target_spec_from_manifest("kimi-k3")
     assert "DSH310" in validate(src, t).codes

@@ -680,7 +680,7 @@ def test_create_pr_opens_a_pull_request_and_leaves_main_alone(hub, tmp_path):
 
 
 def test_a_card_whose_serve_command_names_a_placeholder_or_a_local_path_is_refused(hub, tmp_path):
-    from dsparkhub.card.facts import CardError
+    from dsparkhub.errors import CardError
 
     draft = make_drafter(tmp_path / "draft")
     for model in ("drafter", "<your-namespace>/draft", str(draft)):
@@ -700,8 +700,8 @@ def test_a_card_whose_serve_command_names_a_placeholder_or_a_local_path_is_refus
 
 
 def test_a_hand_written_readme_on_the_hub_is_not_replaced_silently(hub, tmp_path):
-    from dsparkhub.card.facts import CardError
-    from dsparkhub.card.render import CARD_MARKER
+    from dsparkhub.card import CARD_MARKER
+    from dsparkhub.errors import CardError
 
     draft = make_drafter(tmp_path / "draft")
     push(draft, "alice/hw", endpoint=hub.url)  # the Hub now holds the hand-written README

@@ -10,7 +10,8 @@ import torch
 from dsparkhub.errors import VerifyError
 from dsparkhub.example.layouts import make_tiny_drafter, make_tiny_target
 from dsparkhub.verify.reference.modeling import target_features
-from dsparkhub.verify.reference.engine import ReferenceEngine, rejection_step
+from dsparkhub.verify.reference.engine import ReferenceEngine
+from dsparkhub.verify.reference.sampling import rejection_step
 
 torch.set_num_threads(1)
 

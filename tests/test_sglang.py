@@ -272,8 +272,8 @@ def test_card_gives_the_sglang_command_and_the_engine_checks(tmp_path):
 def test_card_refuses_a_check_report_that_is_not_one(tmp_path):
     from test_card import make_drafter, make_results
 
-    from dsparkhub.card.facts import CardError
     from dsparkhub.card.render import write_card
+    from dsparkhub.errors import CardError
 
     draft = make_drafter(tmp_path / "d")
     results = make_results(draft, tmp_path / "r.json")

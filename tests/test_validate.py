@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from dsparkhub.cli import main
 from dsparkhub.convert import convert
 from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
-from dsparkhub.validate import CODES, validate
+from dsparkhub.validate import validate
+from dsparkhub.validate.report import CODES
 
 
 @pytest.fixture
@@ -273,8 +274,8 @@ def test_deep_reads_big_tensors_in_chunks_and_fp8(tmp_path, monkeypatch):
     """A NaN in the last chunk of a tensor is found at its true flat index; float8 NaN too (e4m3 has no Inf)."""
     from safetensors.torch import save_file
 
-    import dsparkhub.validate as v
-    from dsparkhub.io.header import read_header
+    import dsparkhub.validate.values as v
+    from dsparkhub.io.checkpoint import read_header
 
     monkeypatch.setattr(v, "DEEP_CHUNK_BYTES", 64)
     x = torch.zeros(100, dtype=torch.float32)

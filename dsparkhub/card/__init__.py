@@ -8,3 +8,7 @@ keep a card honest: results of another drafter or of a run that was not lossless
 
 It does not measure (``dsparkhub.verify``) or upload (``dsparkhub.hub.push``).
 """
+
+#: The last line of a README.md that ``dsparkhub card`` wrote: ``card`` replaces such a file, ``push`` may delete it.
+#: A constant of the package itself (no imports), so that ``dsparkhub.hub`` can read it without importing the renderer.
+CARD_MARKER = "<!-- written by `dsparkhub card`: running it again replaces this file -->"

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dsparkhub.card.facts import CardError
+from dsparkhub.errors import CardError
 
 
 __all__ = ["engine_checks", "sglang_launch"]
@@ -70,7 +70,6 @@ def engine_checks(paths: list[str | Path]) -> list[dict[str, Any]]:
     Raises:
         CardError: a file is missing, not JSON, or not such a report.
     """
-
     out = []
     for p in paths:
         path = Path(p)

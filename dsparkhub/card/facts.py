@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsparkhub.errors import CheckpointNotFoundError, DsparkhubError, ResultsError
+from dsparkhub.convert import PROVENANCE_FILE
+from dsparkhub.errors import CardError, CheckpointNotFoundError, ResultsError
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.layouts.reading import spec_from_config
 from dsparkhub.layouts.spec import DraftSpec
@@ -21,7 +22,6 @@ from dsparkhub.repo_ids import is_repo_id as valid_repo_id
 from dsparkhub.verify.results.reading import read_results
 from dsparkhub.verify.results.schema import VerifyResults
 
-PROVENANCE_FILE = "dsparkhub_provenance.json"
 
 #: an absolute local path (``/x/y``, ``~/x``) inside free text; group 1 is its last component
 _ABS_PATH = re.compile(r"(?<![\w:/.~-])(?:~/|/)(?:[^\s/`'\"()\[\]<>]+/)*([^\s/`'\"()\[\]<>]+)/?")
@@ -37,10 +37,6 @@ def public_text(obj: Any) -> Any:
     if isinstance(obj, list):
         return [public_text(v) for v in obj]
     return obj
-
-
-class CardError(DsparkhubError, ValueError):
-    """The card cannot be rendered (bad template, missing drafter config, nothing to report)."""
 
 
 @dataclass

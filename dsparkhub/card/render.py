@@ -18,6 +18,7 @@ from typing import Any
 
 from dsparkhub import __version__
 from dsparkhub.calibrate import card_context, plot_reliability
+from dsparkhub.card import CARD_MARKER
 from dsparkhub.card.engines import engine_checks, sglang_launch
 from dsparkhub.card.facts import (
     CardError,
@@ -162,7 +163,6 @@ def render_card(context: dict[str, Any], template: str | Path | None = None) -> 
                         hint="see dsparkhub/templates/model_card.md.j2 for the variables a template gets") from None
 
 
-CARD_MARKER = "<!-- written by `dsparkhub card`: running it again replaces this file -->"
 
 
 def write_card(draft: str | Path, results_paths: list[str | Path], *, template: str | Path | None = None,

@@ -25,19 +25,20 @@ from huggingface_hub.hf_api import RepoFile
 
 from dsparkhub import __version__
 from dsparkhub.errors import (
+    CardError,
     CheckpointFormatError,
     CheckpointNotFoundError,
     ConversionRefusedError,
     HubError,
-    ValidationFailedError,
 )
+from dsparkhub.convert import PROVENANCE_FILE
 from dsparkhub.hub.errors import HUB_ERRORS, hub_error, is_upload_failure, redactor
 from dsparkhub.hub.files import NEVER_DELETE, README, deletions, local_files, select_files
 from dsparkhub.hub.remote import check_remote, guard_readme, lfs_objects_present, remote_state, same_file
 from dsparkhub.io.hashing import checkpoint_fingerprint, sha256_files
 from dsparkhub.repo_ids import check_repo_id
+from dsparkhub.validate.report import validation_error
 
-PROVENANCE_FILE = "dsparkhub_provenance.json"
 TRAINING_LAYOUTS = ("deepspec",)  # written by training, read by dsparkhub, not loaded by vLLM
 
 
@@ -186,14 +187,10 @@ def _validation_gate(draft_dir: Path, target: str | None, endpoint: str | None, 
     report_validation = validation.to_dict()
     if not validation.ok:
         if not force:
-            listing = "; ".join(f"{f.code} {f.location}: {f.message}" for f in validation.errors[:8])
-            more = len(validation.errors) - 8
-            raise ValidationFailedError(
-                r(f"validate found {len(validation.errors)} error(s), refusing to push: {listing}"
-                  + (f" (+{more} more)" if more > 0 else "")),
-                report=validation, path=draft_dir,
-                hint="fix the drafter (see `dsparkhub validate`), or pass --force to push anyway "
-                     "(recorded in the commit message)")
+            raise validation_error(
+                validation, against=target or "vLLM's contract", refusing="refusing to push", path=draft_dir,
+                redact=r, hint="fix the drafter (see `dsparkhub validate`), or pass --force to push anyway "
+                               "(recorded in the commit message)")
         forced = True
     if getattr(validation, "layout", None) in TRAINING_LAYOUTS:
         if not force:
@@ -316,7 +313,6 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             ``exclude``.
         CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object.
     """
-    from dsparkhub.card.facts import CardError
     from dsparkhub.card.render import serve_command_problems
 
     draft_dir = Path(draft_dir)

@@ -27,7 +27,8 @@ from huggingface_hub.lfs import post_lfs_batch_info
 from huggingface_hub.utils import are_progress_bars_disabled, build_hf_headers, disable_progress_bars
 from huggingface_hub.utils.sha import git_hash
 
-from dsparkhub.errors import CheckpointFormatError, CheckpointNotFoundError, HubError
+from dsparkhub.card import CARD_MARKER
+from dsparkhub.errors import CardError, CheckpointFormatError, CheckpointNotFoundError, HubError
 from dsparkhub.hub.errors import HUB_ERRORS, hub_error
 from dsparkhub.hub.files import NEVER_DELETE, README
 from dsparkhub.io.checkpoint import INDEX_NAME, Checkpoint
@@ -86,8 +87,6 @@ def guard_readme(api: HfApi, repo_id: str, head: str | None, files: dict[str, Pa
     Raises:
         CardError: the hand-written README would go.
     """
-    from dsparkhub.card.render import CARD_MARKER
-    from dsparkhub.card.facts import CardError
 
     ours, theirs = files.get(README), remote.get(README)
     # a README the folder lacks is deleted only when `delete` names it (see files.deletions): nothing to guard then

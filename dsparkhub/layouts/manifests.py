@@ -7,7 +7,7 @@ target manifest, layout, settings, published numbers with their source). Every v
 ``facts``: ``{field: {verified: bool, source: str}}``; FORMATS.md's *unverified* values stay ``verified: false``
 until a source confirms them.
 
-A manifest name works wherever a target is expected (``--target kimi-k2.6``): :func:`target_spec_from_manifest`
+A manifest name works wherever a target is expected (``--target kimi-k2.6``): :func:`dsparkhub.target.target_spec_from_manifest`
 builds a :class:`~dsparkhub.target.TargetSpec` whose tensors are header-like :class:`TensorInfo` without data.
 
 Folder resolution follows :func:`dsparkhub.layouts.datafiles.converters_dir`: ``$DSPARKHUB_MANIFESTS_DIR``, the copy shipped
@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from dsparkhub.io.header import DTYPE_BITS
-from dsparkhub.io.checkpoint import Checkpoint, TensorInfo
+from dsparkhub.io.checkpoint import TensorInfo
 from dsparkhub.errors import ManifestError
 from dsparkhub.layouts.datafiles import data_dir, load_yaml_mappings
 
@@ -269,108 +269,7 @@ def is_manifest_name(name: str, folder: str | Path | None = None) -> bool:
     return name in targets
 
 
-def _info(ref: TensorRef) -> TensorInfo:
+def tensor_info(ref: TensorRef) -> TensorInfo:
+    """A header-only :class:`TensorInfo` (no file, ``start`` 0) for a manifest's tensor; ``nbytes`` from shape x dtype."""
     nbytes = (math.prod(ref.shape) * DTYPE_BITS[ref.dtype] + 7) // 8
     return TensorInfo(ref.name, ref.dtype, ref.shape, "", 0, nbytes)
-
-
-def target_spec_from_manifest(name: str | TargetManifest, folder: str | Path | None = None):
-    """A :class:`~dsparkhub.target.TargetSpec` from a target manifest: geometry and embedding / LM-head headers,
-    no data (``local`` is False, so byte comparisons are skipped and reported as such).
-
-    Raises:
-        ManifestError: unknown name, or ``name`` is a release manifest.
-    """
-    from dsparkhub.target import TargetSpec
-
-    m = name if isinstance(name, TargetManifest) else get_manifest(name, folder)
-    if not isinstance(m, TargetManifest):
-        raise ManifestError(f"{m.name!r} is a release manifest; pass its target {m.target!r}")
-    embed, head = _info(m.embed), _info(m.lm_head)
-    tensors = {embed.name: embed, head.name: head}
-    cfg = {**m.config, "model_type": m.text_model_type or m.model_type, "hidden_size": m.hidden_size,
-           "num_hidden_layers": m.num_hidden_layers, "vocab_size": m.vocab_size, "tie_word_embeddings": m.tied}
-    ck = Checkpoint(f"manifest:{m.name}", cfg, tensors, [], None, {}, remote=True)
-    spec = TargetSpec(f"manifest:{m.name}", ck, cfg, cfg["model_type"], m.hidden_size, m.num_hidden_layers,
-                      m.vocab_size, embed, head, m.tied)
-    spec.default_target_layer_ids = (m.drafter_defaults or {}).get("target_layer_ids")
-    spec.manifest = m.name
-    return spec
-
-
-#: transformers 5.19 classes that build a target of a manifest ``model_type`` (for :func:`meta_check`).
-META_CLASSES = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
-                "deepseek_v4": ("DeepseekV4ForCausalLM", "DeepseekV4Config"),
-                "kimi_k25": ("Kimi_K25ForConditionalGeneration", None)}
-
-
-@dataclass
-class MetaCheck:
-    """How a manifest's checkpoint tensors compare with transformers' own model class built on the ``meta`` device.
-
-    Attributes:
-        model_class: the transformers class used.
-        matched: checkpoint names whose renamed HF name exists with the same shape.
-        merged: checkpoint names that transformers merges into a fused tensor (experts); existence checked only.
-        mismatched: ``(checkpoint name, manifest shape, HF shape)`` for shape disagreements.
-        unmapped: checkpoint names with no HF counterpart (quantization side tensors such as ``.scale``).
-    """
-
-    model_class: str
-    matched: list = field(default_factory=list)
-    merged: list = field(default_factory=list)
-    mismatched: list = field(default_factory=list)
-    unmapped: list = field(default_factory=list)
-
-
-def meta_check(m: TargetManifest | str, *, layers: int | None = 2) -> MetaCheck:
-    """Compare ``m``'s checkpoint tensor names / shapes with transformers 5.19's model class on the ``meta`` device.
-
-    Checkpoint names are mapped to HF names with transformers' own ``conversion_mapping`` (``rename_source_key``),
-    exactly as ``from_pretrained`` would; the model is built from the manifest's geometry and ``config`` (with
-    ``layers`` decoder layers to keep it quick: every layer has the same tensors). Costs no memory (meta tensors).
-
-    Raises:
-        ManifestError: no transformers class for the manifest's model type, or no tensor layout.
-    """
-    import dataclasses
-
-    import torch
-    import transformers
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
-
-    from dsparkhub.skeleton import skeleton_tensors
-
-    m = m if isinstance(m, TargetManifest) else get_manifest(m)
-    if m.model_type not in META_CLASSES:
-        raise ManifestError(f"no transformers class to check manifest {m.name!r} (model_type {m.model_type!r})")
-    cls_name, cfg_name = META_CLASSES[m.model_type]
-    geometry = {"hidden_size": m.hidden_size, "num_hidden_layers": layers or m.num_hidden_layers,
-                "vocab_size": m.vocab_size, "tie_word_embeddings": m.tied}
-    text = {k: v for k, v in m.config.items() if not k.startswith("num_mla") and not k.startswith("num_kda")}
-    if m.model_type == "kimi_k25":
-        from transformers.models.kimi_k25.configuration_kimi_k25 import Kimi_K25Config
-
-        cfg = Kimi_K25Config(text_config={**text, **geometry, "model_type": "deepseek_v3"})
-    else:
-        cfg = getattr(transformers, cfg_name)(**{**text, **geometry})
-    with torch.device("meta"):
-        model = getattr(transformers, cls_name)(cfg)
-    hf = {n: tuple(p.shape) for n, p in model.state_dict().items()}
-    mapping = get_checkpoint_conversion_mapping(m.model_type) or []
-    renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
-    converters = [t for t in mapping if isinstance(t, WeightConverter)]
-    small = dataclasses.replace(m, num_hidden_layers=layers or m.num_hidden_layers)
-    out = MetaCheck(cls_name)
-    for t in skeleton_tensors(small):
-        name, conv = rename_source_key(t.name, renamings, converters, model.base_model_prefix, hf)
-        if conv is not None:
-            (out.merged if name in hf else out.unmapped).append(t.name)
-        elif name not in hf:
-            out.unmapped.append(t.name)
-        elif hf[name] != t.shape:
-            out.mismatched.append((t.name, list(t.shape), list(hf[name])))
-        else:
-            out.matched.append(t.name)
-    return out

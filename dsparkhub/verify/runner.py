@@ -30,13 +30,15 @@ from pathlib import Path
 from typing import Callable
 
 from dsparkhub.errors import (DsparkhubError, EngineUnavailableError, OutputExistsError,
-                      OutputNotWritableError, ValidationFailedError, VerifyError)
+                              OutputNotWritableError, VerifyError)
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import public_name
+from dsparkhub.validate import validate
+from dsparkhub.validate.report import validation_error
+from dsparkhub.verify.engines import SERVER_BACKENDS, check_engine_options, detect_method, make_backend
 from dsparkhub.verify.results.derive import build_results
 from dsparkhub.verify.results.identity import target_fingerprint
 from dsparkhub.verify.results.schema import METHODS, EngineInfo, ModelRef, Settings, VerifyResults
-from dsparkhub.verify.engines import SERVER_BACKENDS, check_engine_options, detect_method, make_backend
 from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
 from dsparkhub.verify.stats import Backend, RunStats
 
@@ -70,17 +72,12 @@ def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callab
     """Static checks before any model is loaded (``dsparkhub.validate``); raise with every error listed, pass
     each warning (e.g. DSH401: n larger than a trained block) to ``warn``. ``engine`` (``"reference"`` for the
     reference backend, which reads HF ``output_hidden_states``) decides DSH304 vs DSH313."""
-    from dsparkhub.validate import validate
-
     report = validate(draft, target, num_speculative_tokens=n, engine=engine)
     for f in report.warnings if warn is not None else []:
         warn(f"warning [{f.code}] {f.message}")
     if not report.ok:
-        lines = "\n".join(f"  - [{f.code}] {f.location}: {f.message}" if getattr(f, "location", None)
-                          else f"  - [{f.code}] {f.message}" for f in report.errors)
-        raise ValidationFailedError(f"the drafter does not pass validation against the target "
-                                    f"({len(report.errors)} error(s)):\n{lines}", report=report, path=draft,
-                                    hint="run `dsparkhub validate` for the full report; no model was loaded")
+        raise validation_error(report, against="the target", refusing="no model was loaded", path=draft,
+                               hint="run `dsparkhub validate` for the full report")
 
 
 def _accepts(backend: Backend, name: str) -> bool:

@@ -110,7 +110,7 @@ def _target_with_other_embedding(folder: Path) -> Path:
 def test_frozen_embedding_copy_that_differs_from_the_target_is_an_error(tmp_path):
     """Issue 12 item 7: DeepSpec copies the target's embedding and LM head frozen (base_trainer.py build_models ->
     initialize_embeddings_and_head(freeze=True)); a copy that differs means another target."""
-    from dsparkhub.convert import plan_conversion
+    from dsparkhub.convert.plan import plan_conversion
     from dsparkhub.errors import ValidationFailedError
 
     plan = plan_conversion(RUN, TARGET)  # the real target: both copies byte-identical, dropped
@@ -226,7 +226,8 @@ def test_dflash_mask_embedding_file_is_carried_byte_for_byte(tmp_path):
 
 def test_dspark_mask_embedding_file_is_carried_with_a_note(tmp_path):
     """vLLM 0.32's DSpark masks via the vocab row and never reads the file (qwen3_dspark.py:338): carried, said."""
-    from dsparkhub.convert import convert, plan_conversion
+    from dsparkhub.convert import convert
+    from dsparkhub.convert.plan import plan_conversion
 
     run = tmp_path / "run"
     shutil.copytree(RUN / "step_2", run / "step_2")

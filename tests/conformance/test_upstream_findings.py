@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from dsparkhub.convert import convert, plan_conversion
+from dsparkhub.convert import convert
+from dsparkhub.convert.plan import plan_conversion
 from dsparkhub.errors import ConversionRefusedError
 from dsparkhub.layouts.reading import open_draft
 from dsparkhub.validate import validate

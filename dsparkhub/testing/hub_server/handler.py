@@ -8,15 +8,13 @@ import json
 import re
 import socket
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from dsparkhub.testing.hub_server.repos import RepoRoutes
 from dsparkhub.testing.hub_server.store import Commit, HttpError, HubRequest, Repo
 from dsparkhub.testing.hub_server.uploads import UploadRoutes
 
-if TYPE_CHECKING:
-    from dsparkhub.testing.hub_server.hub import LocalHub
 
 #: requests huggingface_hub makes on its own (utils/_detect_agent.py registry); answered 404, not logged.
 _HOUSEKEEPING = frozenset({"/api/agent-harnesses"})
@@ -25,7 +23,7 @@ _HOUSEKEEPING = frozenset({"/api/agent-harnesses"})
 class Handler(RepoRoutes, UploadRoutes, BaseHTTPRequestHandler):
     """Routes one request to the LocalHub it is bound to (``hub`` class attribute)."""
 
-    hub: LocalHub
+    hub: Any  # the LocalHub (dsparkhub.testing.hub_server.hub) this handler class is bound to
     protocol_version = "HTTP/1.1"
     server_version = "dsparkhub-LocalHub/1"
 

@@ -28,6 +28,7 @@ import torch
 
 from dsparkhub.errors import VerifyError
 from dsparkhub.verify.reference.modeling import ContextCache, target_features
+from dsparkhub.verify.reference.sampling import rejection_step
 from dsparkhub.verify.stats import RunStats
 
 __all__ = ["run_batched"]
@@ -269,8 +270,6 @@ def _plain_step(engine, batch: _Batch, active: list[_Request], temperature: floa
 def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperature: float, counters: dict,
                accepted_per_pos: list[int]) -> None:
     """Draft for every row at once, verify every row in one target forward, accept per row."""
-    from dsparkhub.verify.reference.engine import rejection_step
-
     d = engine.drafter
     dev = engine._device
     rows = len(active)

@@ -1,0 +1,5 @@
+"""``python -m dsparkhub.cli``: the same as the ``dsparkhub`` command."""
+
+from dsparkhub.cli import main
+
+main()

@@ -1,0 +1,76 @@
+"""Errors -> one paragraph on stderr and an exit code, in one place.
+
+Exit codes: :data:`EXIT_OK` 0; :data:`EXIT_FAILED` 1 when the command could not do its job (bad input, validation
+errors, lossless broken, engine refused: every :class:`~dsparkhub.errors.DsparkhubError`, and OS errors on the
+user's files); :data:`EXIT_USAGE` 2 for usage errors (click's own); :data:`EXIT_INTERRUPTED` 130 on Ctrl-C.
+``--debug`` or ``DSPARKHUB_DEBUG=1`` shows tracebacks. Messages are ``Error (TYPE): message`` plus the error's own
+``Hint:`` line; any Hugging Face token is redacted.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+
+import click
+
+from dsparkhub.errors import DsparkhubError
+from dsparkhub.secrets import redact
+
+EXIT_OK = 0
+#: the command could not do its job: a DsparkhubError (bad input, validation errors, lossless broken, engine
+#: refused), an OS error on the user's files, or a report that says "failed" (validate, vllm-check, sglang-check).
+EXIT_FAILED = 1
+#: usage errors: click's own (unknown option, missing argument, bad value); listed here, raised by click.
+EXIT_USAGE = 2
+#: interrupted (Ctrl-C): 128 + SIGINT, what shells expect.
+EXIT_INTERRUPTED = 130
+
+#: what the CLI catches and prints as one paragraph (``Error (TYPE): message`` + ``Hint:``) with EXIT_FAILED; the
+#: message and hint are the error's own (see ``dsparkhub.errors``). huggingface_hub errors arrive as HubError.
+HANDLED = (DsparkhubError, OSError)
+
+
+def _debug_enabled(ctx: click.Context | None) -> bool:
+    if os.environ.get("DSPARKHUB_DEBUG", "") not in ("", "0"):
+        return True
+    while ctx is not None:
+        if ctx.obj and ctx.obj.get("debug"):
+            return True
+        ctx = ctx.parent
+    return False
+
+
+def handle_errors(fn):
+    """Turn the errors of :data:`HANDLED` into one paragraph and :data:`EXIT_FAILED`; Ctrl-C into
+    :data:`EXIT_INTERRUPTED`; a closed stdout pipe into a quiet :data:`EXIT_FAILED`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            # shells expect 128 + SIGINT; click would turn this into "Aborted!" and exit 1. Outputs are written
+            # through temporary files and renames, so nothing half-written is left under the final names.
+            click.echo("\ninterrupted (Ctrl-C): nothing half-written was left in place", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            # the reader of our stdout left (`dsparkhub inspect X | head`): stop quietly, as the Python docs advise
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(EXIT_FAILED)
+        except HANDLED as exc:
+            ctx = click.get_current_context(silent=True)
+            if _debug_enabled(ctx):
+                click.echo(redact(traceback.format_exc()), err=True)
+            name = type(exc).__name__
+            click.echo(redact(f"Error ({name}): {exc}"), err=True)
+            sys.exit(EXIT_FAILED)
+
+    return wrapper
+
+
+def fail() -> None:
+    """End a command whose report says it failed (validation errors, a failed engine check): :data:`EXIT_FAILED`."""
+    sys.exit(EXIT_FAILED)

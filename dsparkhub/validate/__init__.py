@@ -1,0 +1,66 @@
+"""Static checks of a drafter against its target and vLLM 0.32's contract, from configs and safetensors headers.
+
+Every check adds :class:`Finding`\\ s to one :class:`ValidationReport`; nothing stops at the first problem. Each
+finding has a stable code (the table :data:`CODES`), a severity, the file / tensor / key it is about, what was
+expected and what was found, and a hint. Sources of the rules: FORMATS.md §1, reference/vllm_dspark_contract.md
+(vLLM 0.32 ``qwen3_dspark.py`` load_weights, ``config/speculative.py``, ``spec_decode/utils.py``), DeepSpec
+``validate_target_layer_ids`` / ``assert_no_final_target_layer``.
+
+Does not: read tensor data (the exceptions: ``d2t``, a [Vd] int64 table, whose values must be checked; and, opt-in
+with ``deep=True``, every floating tensor, scanned for NaN / Inf), or run any model (``dsparkhub.verify``).
+
+Rules live per area: :mod:`~dsparkhub.validate.drafter`, :mod:`~dsparkhub.validate.target_rules`,
+:mod:`~dsparkhub.validate.sidecar`, :mod:`~dsparkhub.validate.values`; the report types in
+:mod:`~dsparkhub.validate.report`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dsparkhub.layouts.reading import OpenedDraft, open_draft
+from dsparkhub.target import TargetSpec, open_target
+from dsparkhub.validate.drafter import check_intrinsic
+from dsparkhub.validate.report import SEVERITY_ORDER, Collector, ValidationReport
+from dsparkhub.validate.target_rules import ENGINE_FINAL_LAYER_STATE, check_target
+from dsparkhub.validate.values import check_values
+
+
+def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None = None, *,
+             num_speculative_tokens: int | None = None, layout: str | None = None,
+             deep: bool = False, engine: str = "vllm") -> ValidationReport:
+    """Check a drafter against vLLM 0.32's contract and, when given, its target — headers and configs only.
+
+    Args:
+        draft: drafter folder in any known layout (or an already opened one).
+        target: local HF folder, Hub repo id, or an opened :class:`TargetSpec`; None skips the target checks.
+        num_speculative_tokens: the n you intend to serve with, checked against the block size.
+        layout: force the drafter's layout instead of detecting it.
+        deep: also read every floating tensor of the drafter and report NaN / Inf values (DSH207); reads all of
+            the drafter's bytes, in 16 MiB chunks.
+        engine: the engine that will read the target's hidden states, a key of :data:`ENGINE_FINAL_LAYER_STATE`
+            (``"vllm"``, default; ``"reference"``): decides whether the target's last layer among the ids is an
+            error (DSH304) or a warning (DSH313).
+
+    Returns:
+        :class:`ValidationReport` with every finding; ``report.ok`` is False when any finding is an error.
+
+    Raises:
+        dsparkhub.errors.DsparkhubError subclasses when the drafter or target cannot be read at all
+        (missing folder, malformed safetensors or config, unknown layout).
+    """
+    d = draft if isinstance(draft, OpenedDraft) else open_draft(draft, layout=layout)
+    t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
+    if engine not in ENGINE_FINAL_LAYER_STATE:
+        raise ValueError(f"engine {engine!r}: expected one of {sorted(ENGINE_FINAL_LAYER_STATE)}")
+    out = Collector()
+    check_intrinsic(d, out, num_speculative_tokens)
+    if deep:
+        check_values(d, out)
+    if t is not None:
+        check_target(d, t, out, engine)
+    findings = sorted(out.items, key=lambda f: (SEVERITY_ORDER[f.severity], f.code, f.location))
+    return ValidationReport(str(d.checkpoint.path), None if t is None else t.source, d.recipe.name, findings,
+                            d.spec.summary())
+
+
