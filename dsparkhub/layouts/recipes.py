@@ -27,6 +27,8 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
   LM head); ``convert`` refuses a copy whose bytes differ from the target's (DSH312);
 - ``final_layer_state``: ``raw`` (default) or ``normed``: how the layout's trainer saw the target's last layer, and
   ``final_layer_state_source`` the upstream line that says so (validate DSH304 / DSH313);
+- ``block_size_default: {value: N, source: why}``: the block size when the config records none (TorchSpec),
+  with a note;
 - ``confidence_head_default`` / ``confidence_head_with_markov_default``: the value when the config has no key for
   it (DeepSeek-V4: both true, as vLLM 0.32 builds the head whatever the config says);
 - ``extra_keys``: layout keys carried in :attr:`DraftSpec.extras` and written back by recipes that list them too;
@@ -478,6 +480,9 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
     notes: list[str] = []
 
     block_size = _int_field(cfg, recipe, "block_size", path)
+    if block_size is None and recipe.data.get("block_size_default"):  # TorchSpec: its export records none
+        block_size = recipe.data["block_size_default"]["value"]
+        notes.append(f"block size {block_size} assumed: {recipe.data['block_size_default']['source']}")
     if block_size is None:
         raise LayoutError(f"config has no block size (looked for {recipe.read_keys('block_size')})",
                           path=path)
