@@ -1,0 +1,170 @@
+"""TorchSpec's DSpark export, as TorchSpec's own code writes it (deepinfra/TorchSpec 30189db: the trainer's
+``checkpoint.save`` then ``tools/convert_to_hf.py``; ``generators/make_torchspec_fixtures.py`` re-makes both
+fixtures): detected as ``torchspec``, inspected, validated against the toy target, converted to the layout vLLM 0.32
+and SGLang 0.5.23 load, and checked by both engines' own loaders (markers ``vllm`` / ``sglang``).
+
+What the real export holds (and the recipe relies on), checked here against the fixtures rather than assumed:
+``model_type`` ``qwen3`` (convert_to_hf.py:145-166), no block size, TorchSpec's ``num_target_layers`` = the number of
+layers read while ``target_num_hidden_layers`` is the target's, no ``lm_head`` (the trainer uses the target's), and
+with ``--prune-vocab`` a ``d2t`` / ``t2d`` pair beside a ``markov_w2`` still over the full vocab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors import safe_open
+
+from dsparkhub.cli import main
+from dsparkhub.convert import convert
+from dsparkhub.errors import ValidationFailedError
+from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.validate import validate
+
+from .conftest import FIXTURES
+
+PLAIN = FIXTURES / "torchspec-dspark"
+PRUNED = FIXTURES / "torchspec-dspark-pruned"
+
+
+def _tensors(folder) -> dict:
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, toy_target):
+    out = tmp_path_factory.mktemp("torchspec") / "qwen3-dspark"
+    convert(PLAIN, out, toy_target)
+    return out
+
+
+def test_fixtures_are_torchspec_made_and_small():
+    for folder in (PLAIN, PRUNED):
+        up = json.loads((folder / "UPSTREAM.json").read_text())
+        assert (up["repository"], up["commit"]) == ("deepinfra/TorchSpec", "30189db21e1b58f08bac4c6e7397f0344c2d6dd6")
+        assert sum(p.stat().st_size for p in folder.iterdir()) < 300_000
+        cfg = json.loads((folder / "config.json").read_text())
+        assert cfg["_torchspec_version"] == "0.1.0" and cfg["model_type"] == "qwen3"  # qwen3_dspark remapped
+        assert "block_size" not in cfg
+
+
+def test_the_pruned_export_keeps_markov_w2_over_the_full_vocab():
+    """Upstream wins: convert_to_hf.py:299-313 trims only an lm_head, which a TorchSpec DSpark draft has none of."""
+    t = _tensors(PRUNED)
+    cfg = json.loads((PRUNED / "config.json").read_text())
+    V, Vd, r = cfg["vocab_size"], cfg["draft_vocab_size"], cfg["markov_rank"]
+    assert Vd < V and "lm_head.weight" not in t
+    assert list(t["markov_head.markov_w2.weight"].shape) == [V, r]
+    assert list(t["markov_head.markov_w1.weight"].shape) == [V, r]
+    assert t["d2t"].dtype.is_floating_point is False and list(t["d2t"].shape) == [Vd]
+    ids = (t["d2t"] + t["d2t"].new_tensor(range(Vd))).tolist()  # speculators' offset convention
+    assert ids == sorted(set(ids)) and t["t2d"].nonzero().flatten().tolist() == ids
+    plain = _tensors(PLAIN)  # the same trained weights, pruned or not
+    assert all(plain[k].equal(v) for k, v in t.items() if k in plain)
+
+
+@pytest.mark.parametrize("folder", [PLAIN, PRUNED], ids=["plain", "pruned"])
+def test_detected_as_torchspec(folder):
+    d = open_draft(folder)
+    s = d.spec
+    assert d.recipe.name == "torchspec"
+    assert (s.variant, s.family, s.block_layout, s.block_size) == ("dspark", "qwen3", "anchor_first", 7)
+    assert any("block size 7 assumed" in n for n in s.notes)
+    assert s.target_layer_ids == [1, 2]
+    assert s.num_target_layers == 4  # target_num_hidden_layers, not TorchSpec's num_target_layers (2 read)
+    assert (s.markov_rank, s.markov_head_type) == (8, "vanilla")
+    assert s.confidence_head and s.confidence_head_with_markov
+    assert s.draft_vocab_size == (64 if folder == PRUNED else 128)
+
+
+def test_block_size_written_into_the_config_wins(fixture_copy):
+    folder = fixture_copy("torchspec-dspark")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "block_size": 5}))
+    d = open_draft(folder)
+    assert d.recipe.name == "torchspec" and d.spec.block_size == 5
+    assert not any("assumed" in n for n in d.spec.notes)
+
+
+def test_inspect_json():
+    res = CliRunner().invoke(main, ["inspect", str(PLAIN), "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert info["layout"] == "torchspec" and info["block_size"] == 7
+
+
+def test_validate_against_the_target(toy_target):
+    report = validate(PLAIN, toy_target)
+    assert not report.errors, [f.code for f in report.findings]
+    assert {f.code for f in report.findings} == {"DSH106"}  # sample_from_anchor implicit; convert writes it
+    res = CliRunner().invoke(main, ["validate", str(PLAIN), "--target", str(toy_target)])
+    assert res.exit_code == 0, res.output
+
+
+def test_the_pruned_export_is_refused_by_vllms_contract(toy_target, tmp_path):
+    """vLLM 0.32 qwen3_dspark.py builds lm_head and markov_w2 with draft_vocab_size rows and refuses a reduced vocab
+    without its own lm_head; TorchSpec's pruned export has neither, so validate says so and convert stops."""
+    codes = {(f.code, f.location) for f in validate(PRUNED, toy_target).errors}
+    assert codes == {("DSH201", "tensor lm_head.weight"), ("DSH203", "tensor markov_head.markov_w2.weight")}
+    with pytest.raises(ValidationFailedError, match="DSH201"):
+        convert(PRUNED, tmp_path / "out", toy_target)
+
+
+def test_convert_writes_what_both_engines_read_and_tensors_come_back_bit_identical(converted, toy_target):
+    cfg = json.loads((converted / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3DSparkModel"]
+    assert (cfg["block_size"], cfg["num_target_layers"], cfg["target_layer_ids"]) == (7, 4, [1, 2])
+    assert cfg["sample_from_anchor"] is True and cfg["confidence_head_with_markov"] is True
+    assert cfg["markov_head_type"] == "vanilla" and cfg["enable_confidence_head"] is True
+    assert cfg["dflash_config"] == {"block_size": 7, "mask_token_id": 127, "target_layer_ids": [1, 2],
+                                    "num_target_layers": 4}
+    assert not {"_torchspec_version", "target_num_hidden_layers", "torch_dtype"} & set(cfg)
+    src, out = _tensors(PLAIN), _tensors(converted)
+    assert set(src) - set(out) == {"embed_tokens.weight"}  # byte-identical to the target's: shared
+    assert set(out) <= set(src)
+    for k, v in out.items():  # bytes, not values: a NaN or a -0.0 must come back too
+        assert v.dtype == src[k].dtype and v.shape == src[k].shape, k
+        assert v.contiguous().view(torch.uint8).equal(src[k].contiguous().view(torch.uint8)), k
+    assert validate(converted, toy_target).errors == []
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_converted_torchspec_export_passes_vllm_check(converted, toy_target):
+    pytest.importorskip("vllm")
+    from dsparkhub.verify.vllm.checks import check_with_vllm
+
+    report = check_with_vllm(converted, toy_target, env={"OMP_NUM_THREADS": "1"})
+    assert report.ok, report.to_dict()
+    assert report.stage("config").details["architectures"] == ["Qwen3DSparkModel"]
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
+def test_converted_torchspec_export_passes_sglang_check(converted, toy_target):
+    from dsparkhub.verify.sglang.checks import check_with_sglang, find_sglang_python
+
+    if find_sglang_python() is None:
+        reason = ".venv-sglang is missing: build it with `bash scripts/setup_sglang.sh`"
+        if _ci():
+            pytest.fail(f"CI must run the SGLang checks, but {reason}")
+        pytest.skip(reason)
+    report = check_with_sglang(converted, toy_target)
+    assert report.ok, report.to_dict()
+    cfg = report.stage("config").details
+    assert cfg["model_class"] == "sglang.srt.models.dspark.Qwen3DSparkModel"
+    assert (cfg["gamma"], cfg["speculative_num_draft_tokens"]) == (7, 8)
+    assert cfg["target_layer_ids"] == [1, 2]
+    lw = report.stage("load_weights").details
+    assert lw["missing"] == [] and lw["dropped_silently"] == [] and lw["mismatched"] == []
+    assert lw["confidence_head_loaded"] is True
+    assert lw["compared_bit_exact"] == lw["checkpoint_tensors"]
