@@ -12,7 +12,8 @@ A recipe is data (in the spirit of vLLM's ``WeightsMapper`` and mergekit's archi
 - ``tensors.rename``: ``{layout: "context_proj.{rest}", canonical: "fc.{rest}"}`` rules (``{i}`` matches an
   integer, ``{rest}`` anything); a name matching two rules is an error, never resolved by order;
   ``read_only: true`` on a rule renames on read only;
-  ``tensors.drop``: layout names (regular expressions) dropped on read, each reported in the spec's notes;
+  ``tensors.drop``: layout names (regular expressions) dropped on read, each reported in the spec's notes
+  (``tensors.drop_reason`` says why; default: vLLM does not use it);
 - ``write``: architectures per family, constant keys, the key that records the block layout.
 
 Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for examples):
@@ -528,7 +529,8 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
             continue
         info = ckpt.tensors[name]
         if any(re.fullmatch(p, name) for p in recipe.drop):
-            notes.append(f"tensor {name!r} is not used by vLLM and is dropped")
+            why = (recipe.data.get("tensors") or {}).get("drop_reason") or "is not used by vLLM"
+            notes.append(f"tensor {name!r} {why} and is dropped")
             continue
         canon = recipe.to_canonical(name, num_layers=num_layers)
         for alias, canonical in (aliases or {}).items():

@@ -6,7 +6,8 @@ and SGLang 0.5.23 load, and checked by both engines' own loaders (markers ``vllm
 What the real export holds (and the recipe relies on), checked here against the fixtures rather than assumed:
 ``model_type`` ``qwen3`` (convert_to_hf.py:145-166), no block size, TorchSpec's ``num_target_layers`` = the number of
 layers read while ``target_num_hidden_layers`` is the target's, no ``lm_head`` (the trainer uses the target's), and
-with ``--prune-vocab`` a ``d2t`` / ``t2d`` pair beside a ``markov_w2`` still over the full vocab.
+with ``--prune-vocab`` a ``d2t`` / ``t2d`` pair beside a ``markov_w2`` still over the full vocab (so the pair is
+dropped on read: the drafter is the full-vocab one it was trained as, and converts to the same bytes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from safetensors import safe_open
 
 from dsparkhub.cli import main
 from dsparkhub.convert import convert
-from dsparkhub.errors import ValidationFailedError
 from dsparkhub.layouts.recipes import open_draft
 from dsparkhub.validate import validate
 
@@ -41,10 +41,17 @@ def _ci() -> bool:
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory, toy_target):
-    out = tmp_path_factory.mktemp("torchspec") / "qwen3-dspark"
-    convert(PLAIN, out, toy_target)
-    return out
+def converted_all(tmp_path_factory, toy_target):
+    outs = {}
+    for folder in (PLAIN, PRUNED):
+        outs[folder] = tmp_path_factory.mktemp("torchspec") / "qwen3-dspark"
+        convert(folder, outs[folder], toy_target)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def converted(converted_all):
+    return converted_all[PLAIN]
 
 
 def test_fixtures_are_torchspec_made_and_small():
@@ -65,7 +72,7 @@ def test_the_pruned_export_keeps_markov_w2_over_the_full_vocab():
     assert Vd < V and "lm_head.weight" not in t
     assert list(t["markov_head.markov_w2.weight"].shape) == [V, r]
     assert list(t["markov_head.markov_w1.weight"].shape) == [V, r]
-    assert t["d2t"].dtype.is_floating_point is False and list(t["d2t"].shape) == [Vd]
+    assert t["d2t"].dtype == torch.int64 and list(t["d2t"].shape) == [Vd] and t["t2d"].dtype == torch.bool
     ids = (t["d2t"] + t["d2t"].new_tensor(range(Vd))).tolist()  # speculators' offset convention
     assert ids == sorted(set(ids)) and t["t2d"].nonzero().flatten().tolist() == ids
     plain = _tensors(PLAIN)  # the same trained weights, pruned or not
@@ -83,7 +90,8 @@ def test_detected_as_torchspec(folder):
     assert s.num_target_layers == 4  # target_num_hidden_layers, not TorchSpec's num_target_layers (2 read)
     assert (s.markov_rank, s.markov_head_type) == (8, "vanilla")
     assert s.confidence_head and s.confidence_head_with_markov
-    assert s.draft_vocab_size == (64 if folder == PRUNED else 128)
+    assert s.draft_vocab_size == s.vocab_size == 128  # --prune-vocab's subset is dropped (see the next test)
+    assert any("'d2t' is TorchSpec --prune-vocab's" in n for n in s.notes) == (folder == PRUNED)
 
 
 def test_block_size_written_into_the_config_wins(fixture_copy):
@@ -110,13 +118,14 @@ def test_validate_against_the_target(toy_target):
     assert res.exit_code == 0, res.output
 
 
-def test_the_pruned_export_is_refused_by_vllms_contract(toy_target, tmp_path):
-    """vLLM 0.32 qwen3_dspark.py builds lm_head and markov_w2 with draft_vocab_size rows and refuses a reduced vocab
-    without its own lm_head; TorchSpec's pruned export has neither, so validate says so and convert stops."""
-    codes = {(f.code, f.location) for f in validate(PRUNED, toy_target).errors}
-    assert codes == {("DSH201", "tensor lm_head.weight"), ("DSH203", "tensor markov_head.markov_w2.weight")}
-    with pytest.raises(ValidationFailedError, match="DSH201"):
-        convert(PRUNED, tmp_path / "out", toy_target)
+def test_the_pruned_export_converts_as_the_full_vocab_drafter_it_was_trained_as(converted_all, toy_target):
+    """vLLM 0.32 (qwen3_dspark.py) wants lm_head and markov_w2 with draft_vocab_size rows for a reduced vocab, and
+    the pruned export has no lm_head and a markov_w2 over the full vocab; SGLang 0.5.23 never reads d2t. The subset
+    is dropped, so both exports convert to the same bytes (the same trained weights)."""
+    assert validate(PRUNED, toy_target).errors == []
+    plain, pruned = converted_all[PLAIN], converted_all[PRUNED]
+    assert json.loads((plain / "config.json").read_text()) == json.loads((pruned / "config.json").read_text())
+    assert (plain / "model.safetensors").read_bytes() == (pruned / "model.safetensors").read_bytes()
 
 
 def test_convert_writes_what_both_engines_read_and_tensors_come_back_bit_identical(converted, toy_target):
