@@ -177,3 +177,22 @@ def test_converted_torchspec_export_passes_sglang_check(converted, toy_target):
     assert lw["missing"] == [] and lw["dropped_silently"] == [] and lw["mismatched"] == []
     assert lw["confidence_head_loaded"] is True
     assert lw["compared_bit_exact"] == lw["checkpoint_tensors"]
+
+
+def test_convert_draft_vocab_re_applies_a_subset_from_the_full_vocab_rows(toy_target, tmp_path):
+    """What vLLM 0.32 needs for a reduced vocab, built from the full-vocab rows TorchSpec ships: lm_head rows of the
+    target, markov_w2 rows of the drafter, d2t (speculators' offsets, as TorchSpec's own)."""
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text("".join(json.dumps({"prompt_token_ids": list(range(0, 128, 3))}) + "\n" for _ in range(2)))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["convert", str(PRUNED), "--target", str(toy_target), "--out", str(out),
+                                    "--draft-vocab", "16", "--draft-vocab-from", str(ids)])
+    assert res.exit_code == 0, res.output
+    t, src = _tensors(out), _tensors(PRUNED)
+    with safe_open(str(toy_target / "model.safetensors"), "pt") as f:
+        target_head = f.get_tensor("lm_head.weight")
+    kept = t["d2t"] + torch.arange(16)
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 16
+    assert t["markov_head.markov_w2.weight"].equal(src["markov_head.markov_w2.weight"][kept])
+    assert t["lm_head.weight"].equal(target_head[kept])
+    assert validate(out, toy_target).errors == []
