@@ -103,6 +103,17 @@ def test_block_size_written_into_the_config_wins(fixture_copy):
     assert not any("assumed" in n for n in d.spec.notes)
 
 
+def test_torchspec_defaults_apply_when_the_keys_are_absent(fixture_copy):
+    """DSparkConfig's defaults (torchspec/models/draft/dspark.py:55-58): vanilla, confidence head on, with Markov."""
+    folder = fixture_copy("torchspec-dspark")
+    cfg = json.loads((folder / "config.json").read_text())
+    for key in ("markov_head_type", "enable_confidence_head", "confidence_head_with_markov"):
+        del cfg[key]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    s = open_draft(folder).spec
+    assert (s.markov_head_type, s.confidence_head, s.confidence_head_with_markov) == ("vanilla", True, True)
+
+
 def test_inspect_json():
     res = CliRunner().invoke(main, ["inspect", str(PLAIN), "--json"])
     assert res.exit_code == 0, res.output
