@@ -99,6 +99,9 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
     notes: list[str] = []
 
     block_size = _int_field(cfg, recipe, "block_size", path)
+    if block_size is None and recipe.data.get("block_size_default"):  # TorchSpec: its export records none
+        block_size = recipe.data["block_size_default"]["value"]
+        notes.append(f"block size {block_size} assumed: {recipe.data['block_size_default']['source']}")
     if block_size is None:
         raise LayoutError(f"config has no block size (looked for {recipe.read_keys('block_size')})",
                           path=path)
@@ -144,7 +147,8 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
             continue
         info = ckpt.tensors[name]
         if any(re.fullmatch(p, name) for p in recipe.drop):
-            notes.append(f"tensor {name!r} is not used by vLLM and is dropped")
+            why = (recipe.data.get("tensors") or {}).get("drop_reason") or "is not used by vLLM"
+            notes.append(f"tensor {name!r} {why} and is dropped")
             continue
         canon = recipe.to_canonical(name, num_layers=num_layers)
         for alias, canonical in (aliases or {}).items():

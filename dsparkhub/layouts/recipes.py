@@ -13,7 +13,10 @@ A recipe is data (in the spirit of vLLM's ``WeightsMapper`` and mergekit's archi
 - ``tensors.rename``: ``{layout: "context_proj.{rest}", canonical: "fc.{rest}"}`` rules (``{i}`` matches an
   integer, ``{rest}`` anything); a name matching two rules is an error, never resolved by order;
   ``read_only: true`` on a rule renames on read only;
-  ``tensors.drop``: layout names (regular expressions) dropped on read, each reported in the spec's notes;
+  ``tensors.drop``: layout names (regular expressions) dropped on read, each reported in the spec's notes
+  (``tensors.drop_reason`` says why; default: vLLM does not use it);
+- ``block_size_default: {value: N, source: why}``: the block size when the config records none (TorchSpec),
+  with a note;
 - ``write``: architectures per family, constant keys, the key that records the block layout.
 
 Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for examples):
