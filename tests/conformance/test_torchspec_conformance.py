@@ -22,7 +22,7 @@ from safetensors import safe_open
 
 from dsparkhub.cli import main
 from dsparkhub.convert import convert
-from dsparkhub.layouts.recipes import open_draft
+from dsparkhub.layouts.reading import open_draft
 from dsparkhub.validate import validate
 
 from .conftest import FIXTURES
