@@ -683,7 +683,8 @@ CARD_MARKER = "<!-- written by `dsparkhub card`: running it again replaces this 
 def write_card(draft: str | Path, results_paths: list[str | Path], *, template: str | Path | None = None,
                license: str = "apache-2.0", base_model: str | None = None,
                repo_id: str | None = None, overwrite: bool = False,
-               checks: list[str | Path] | None = None) -> CardOutput:
+               checks: list[str | Path] | None = None,
+               compare: list[str | Path] | None = None) -> CardOutput:
     """Write ``README.md`` and ``assets/*.png`` into the drafter folder from results files.
 
     Everything is rendered into a temporary folder inside ``draft`` first; the plots are then renamed into
@@ -699,6 +700,7 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
         CalibrationError: ``dspark_sts.json`` does not load in SGLang's reader.
         CardError: no results, bad template, unusable drafter config, or a hand-written README.md without
             ``overwrite``.
+        CompareError: a ``compare`` file (``--compare``) was measured on another target.
     """
     draft = Path(draft)
     existing = draft / "README.md"
@@ -712,6 +714,10 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
     results = load_results_for(draft, list(results_paths))
     context = build_context(draft, results, license=license, base_model=base_model, repo_id=repo_id,
                             checks=checks)
+    if compare:  # the drafter comparison (dsparkhub.compare), every file of the card's target
+        from dsparkhub.compare import card_section
+
+        context["comparison"] = card_section(list(zip(map(str, results_paths), results)), list(compare))
     text = render_card(context, template).rstrip("\n") + f"\n\n{CARD_MARKER}\n"
     staging = Path(tempfile.mkdtemp(prefix=".dsparkhub-card-", dir=draft))
     try:
