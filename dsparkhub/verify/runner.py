@@ -104,7 +104,8 @@ def detect_method(draft: str | Path) -> str:
 def make_backend(name: str, *, target: str, draft: str, method: str, device: str | None = None,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  compilation_config: dict | None = None, confidence_threshold: float | None = None,
-                 server_url: str | None = None, baseline_url: str | None = None) -> Backend:
+                 server_url: str | None = None, baseline_url: str | None = None,
+                 speculative_config: dict | None = None) -> Backend:
     """Construct a verify backend by name, importing its module only now.
 
     Args:
@@ -118,6 +119,7 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
         confidence_threshold: proposal truncation threshold (reference engine).
         server_url: base URL of ``vllm serve`` with the drafter (``vllm-serve`` only).
         baseline_url: base URL of a ``vllm serve`` of the same target without a drafter (``vllm-serve`` only).
+        speculative_config: extra keys for vLLM's ``speculative_config`` (``vllm`` only; ``spec_options``).
 
     Raises:
         EngineUnavailableError: unknown name, the engine's module is missing (vLLM not installed), or a setting the
@@ -140,7 +142,8 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
 
     if name == "vllm":
         return VllmBackend.from_options(target, draft, method=method, tensor_parallel_size=tensor_parallel_size,
-                                        max_model_len=max_model_len, compilation_config=compilation_config)
+                                        max_model_len=max_model_len, compilation_config=compilation_config,
+                                        **({"speculative_extra": speculative_config} if speculative_config else {}))
     # A running server's settings were fixed at launch; TP / max_model_len / compilation config are recorded
     # in the results as given, so give the values the servers were started with.
     return VllmServerBackend.from_options(server_url, baseline_url=baseline_url)
@@ -292,7 +295,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
                overwrite: bool = False, progress: bool = True,
                check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
                validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None,
-               load: LoadOptions = LoadOptions()) -> VerifyResults:
+               load: LoadOptions = LoadOptions(), spec_options=None) -> VerifyResults:
     """Verify a drafter against its target and return (and optionally save) the results.
 
     Args:
@@ -321,6 +324,7 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         warn: called with one line per warning (validation, prompts longer than the context); the CLI prints
             them on stderr. They are also stored in the results' ``warnings``.
         load: concurrency axis, repeats and threads (:class:`LoadOptions`; default one request at a time, once).
+        spec_options: speculative-config extras, n = block size, notes (``spec_options.SpecOptions``; None: none).
 
     Returns:
         The :class:`VerifyResults` (also written to ``out``).
@@ -350,6 +354,11 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
 
         draft = resolve_step_dir(draft)
     draft, target = str(draft), str(target)
+    spec_notes: list[str] = []
+    if spec_options is not None:  # dsparkhub.verify.spec_options: lossy-rejection refusal, n = block size
+        from dsparkhub.verify.spec_options import prepare
+
+        ns, spec_notes = prepare(spec_options, ns, draft=draft, temperature=temperature, backend=backend)
     if isinstance(backend, str):
         _check_engine_options(backend, device=device, tensor_parallel_size=tensor_parallel_size,
                               confidence_threshold=confidence_threshold, server_url=server_url,
@@ -389,6 +398,8 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
         if warn is not None:
             warn(line)
 
+    for line in spec_notes:
+        note(line)
     if check:
         # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
         served_name = backend in SERVER_BACKENDS and not Path(target).is_dir()
@@ -408,7 +419,9 @@ def run_verify(draft: str | Path, target: str | Path, *, backend: str | Backend 
     engine = make_backend(backend, target=target, draft=draft, method=method, device=device,
                           tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
                           compilation_config=compilation_config, confidence_threshold=confidence_threshold,
-                          server_url=server_url, baseline_url=baseline_url) if owned else backend
+                          server_url=server_url, baseline_url=baseline_url,
+                          speculative_config=spec_options.speculative_config if spec_options else None) \
+        if owned else backend
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None
