@@ -11,7 +11,9 @@ Accepted JSONL records (one JSON object a line; blank lines are skipped):
 Dataset specs (``--datasets``, comma-separated or repeated): ``PATH`` (name = file stem), ``NAME=PATH``,
 ``builtin`` (the three smoke sets), ``builtin:math`` / ``builtin:code`` / ``builtin:chat`` (prompts written for this
 project and shipped in ``dsparkhub/data/prompts``), and ``hub:owner/name[:path/in/repo.jsonl]`` (a dataset repo
-file fetched with huggingface_hub; needs the network or a warm cache). Any spec may take a ``NAME=`` prefix.
+file fetched with huggingface_hub; needs the network or a warm cache), and ``speed-bench:FILE.jsonl`` (SPEED-Bench
+records, one dataset ``NAME/category`` per category: :mod:`dsparkhub.verify.speed_bench`). Any spec may take a
+``NAME=`` prefix.
 
 Text prompts get the target tokenizer's chat template when it has one (a single user message, generation prompt
 added, ``enable_thinking=False`` for templates that read it, as DeepSpec's evaluator does), then are encoded without
@@ -46,6 +48,7 @@ class PromptRecord:
     text: str | None = None
     token_ids: list[int] | None = None
     line: int = 0
+    messages: list[dict] | None = None  # a chat list for the chat template (SPEED-Bench ``messages``)
 
 
 @dataclass
@@ -234,6 +237,8 @@ def parse_dataset_specs(specs: str | list[str] | tuple[str, ...] | None) -> list
             out += [(b, f"builtin:{b}") for b in BUILTIN]
         elif spec.startswith("builtin:"):
             out.append((name or spec.split(":", 1)[1], spec))
+        elif spec.startswith("speed-bench:"):  # expanded per category by load_datasets
+            out.append((name or "speed-bench", spec))
         elif spec.startswith("hub:"):
             tail = spec[4:]
             default = Path(tail.split(":", 1)[1]).stem if ":" in tail else tail.split("/")[-1]
@@ -313,7 +318,8 @@ def tokenize(record: PromptRecord, tokenizer) -> list[int]:
         raise PromptFileError(f"line {record.line} is a text prompt but the target has no tokenizer",
                               hint='give prompts as {"prompt_token_ids": [...]} for tokenizer-less targets')
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": record.text}], tokenize=False,
+        chat = record.messages or [{"role": "user", "content": record.text}]
+        text = tokenizer.apply_chat_template(chat, tokenize=False,
                                              add_generation_prompt=True, enable_thinking=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer(record.text)["input_ids"])
@@ -338,8 +344,7 @@ def load_datasets(specs, target: str | Path | None, *, max_prompts: int | None =
     if tokenizer is None and target is not None:
         tokenizer = load_tokenizer(target)
     out = []
-    for name, spec in parse_dataset_specs(specs):
-        records, source = read_spec(spec)
+    for name, spec, records, source in _read_all(parse_dataset_specs(specs)):
         records = records[:max_prompts] if max_prompts else records
         prompts = []
         for rec in records:
@@ -350,3 +355,15 @@ def load_datasets(specs, target: str | Path | None, *, max_prompts: int | None =
                 raise PromptFileError(f"{shown}: {exc.message}", hint=exc.hint) from None
         out.append(Dataset(name=name, source=source, prompts=prompts, texts=[r.text for r in records]))
     return out
+
+
+def _read_all(pairs: list[tuple[str, str]]):
+    """``(name, spec, records, source)`` per dataset; a ``speed-bench:`` spec gives one per category."""
+    for name, spec in pairs:
+        if spec.startswith("speed-bench:"):
+            from dsparkhub.verify.speed_bench import read_categories
+
+            for cat_name, records, source in read_categories(name, spec):
+                yield cat_name, spec, records, source
+        else:
+            yield (name, spec, *read_spec(spec))
