@@ -170,3 +170,9 @@ def test_card_compare_other_target_is_one_paragraph(tmp_path):
         from dsparkhub.verify.results import VerifyResults
 
         card_section([(str(mine), VerifyResults.load(mine))], [other])
+
+
+def test_reads_v1_results():
+    v1 = Path(__file__).parent / "data" / "results_v1.json"
+    (cmp,) = compare(load_sources([v1]))
+    assert cmp.concurrencies == [1] and cmp.rows[0].concurrency == 1 and 1 in cmp.load[cmp.rows[0].label]

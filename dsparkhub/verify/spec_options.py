@@ -248,13 +248,13 @@ def run_verify_arms(run, *, mode: str = "off", out: str | Path | None, speculati
     """
     arms = adaptive_arms(mode)
     if any(arms):
-        method = kwargs.get("method")
-        if method is None:
-            from dsparkhub.verify.runner import detect_method
+        from dsparkhub.io.checkpoint import resolve_step_dir
+        from dsparkhub.verify.runner import detect_method
 
-            method = detect_method(kwargs["draft"])
-        check_adaptive(mode, backend=kwargs.get("backend", "reference"), method=method, draft=kwargs["draft"],
-                       cuda=cuda)
+        draft = kwargs["draft"]
+        folder = resolve_step_dir(draft) if Path(draft).is_dir() else draft  # a DeepSpec run: its step_latest
+        check_adaptive(mode, backend=kwargs.get("backend", "reference"),
+                       method=kwargs.get("method") or detect_method(folder), draft=folder, cuda=cuda)
     done = []
     for arm, path in zip(arms, arm_paths(out, mode)):
         opts = SpecOptions(speculative_config=arm_config(dict(speculative_config or {}), arm, mode),
