@@ -9,7 +9,7 @@ from dsparkhub.cli.errors import EXIT_FAILED, EXIT_USAGE
 from dsparkhub.errors import ValidationFailedError
 from dsparkhub.validate.report import Finding, ValidationReport, validation_error
 
-COMMANDS = {"inspect", "validate", "convert", "detach", "manifests", "skeleton", "verify", "calibrate", "card", "push",
+COMMANDS = {"inspect", "validate", "convert", "detach", "manifests", "skeleton", "verify", "calibrate", "card", "compare", "push",
             "example", "vllm-check", "sglang-check", "quickstart"}
 
 

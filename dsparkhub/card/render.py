@@ -34,6 +34,7 @@ from dsparkhub.card.facts import (
     read_provenance,
 )
 from dsparkhub.card.plots import ASSETS_DIR, plot_acceptance, plot_names, plot_speedup, plot_speedup_vs_concurrency
+from dsparkhub.compare import card_section
 from dsparkhub.card.tables import METHOD_LABELS, MODEL_PLACEHOLDER, card_data, is_reference, section, serve_commands
 from dsparkhub.target import target_repo_id
 from dsparkhub.repo_ids import is_repo_id as valid_repo_id
@@ -168,7 +169,8 @@ def render_card(context: dict[str, Any], template: str | Path | None = None) -> 
 def write_card(draft: str | Path, results_paths: list[str | Path], *, template: str | Path | None = None,
                license: str = "apache-2.0", base_model: str | None = None,
                repo_id: str | None = None, overwrite: bool = False,
-               checks: list[str | Path] | None = None) -> CardOutput:
+               checks: list[str | Path] | None = None,
+               compare: list[str | Path] | None = None) -> CardOutput:
     """Write ``README.md`` and ``assets/*.png`` into the drafter folder from results files.
 
     Everything is rendered into a temporary folder inside ``draft`` first; the plots are then renamed into
@@ -184,6 +186,7 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
         CalibrationError: ``dspark_sts.json`` does not load in SGLang's reader.
         CardError: no results, bad template, unusable drafter config, or a hand-written README.md without
             ``overwrite``.
+        CompareError: a ``compare`` file (``--compare``) was measured on another target.
     """
     draft = Path(draft)
     existing = draft / "README.md"
@@ -197,6 +200,8 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
     results = load_results_for(draft, list(results_paths))
     context = build_context(draft, results, license=license, base_model=base_model, repo_id=repo_id,
                             checks=checks)
+    if compare:  # the drafter comparison (dsparkhub.compare), every file of the card's target
+        context["comparison"] = card_section(list(zip(map(str, results_paths), results)), list(compare))
     text = render_card(context, template).rstrip("\n") + f"\n\n{CARD_MARKER}\n"
     staging = Path(tempfile.mkdtemp(prefix=".dsparkhub-card-", dir=draft))
     try:

@@ -2,7 +2,7 @@
 
 Modules: :mod:`~dsparkhub.cli.source` (inspect, validate, convert, detach), :mod:`~dsparkhub.cli.manifests`
 (manifests, skeleton), :mod:`~dsparkhub.cli.verify` (verify, calibrate, vllm-check, sglang-check),
-:mod:`~dsparkhub.cli.release` (card, push, example, quickstart). The error -> message mapping and the exit codes are
+:mod:`~dsparkhub.cli.release` (card, compare, push, example, quickstart). The error -> message mapping and the exit codes are
 in :mod:`~dsparkhub.cli.errors`; shared option types and option sets in :mod:`~dsparkhub.cli.options`; printing in
 :mod:`~dsparkhub.cli.render`.
 
@@ -32,7 +32,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 # in the order `dsparkhub --help` has always listed them (click sorts by name)
 for _command in (source.inspect, source.validate, source.convert, source.detach, manifests_cmds.manifests,
-                 manifests_cmds.skeleton, verify_cmds.verify, verify_cmds.calibrate, release.card, release.push,
+                 manifests_cmds.skeleton, verify_cmds.verify, verify_cmds.calibrate, release.card, release.compare,
+                 release.push,
                  release.example, verify_cmds.vllm_check, verify_cmds.sglang_check, release.quickstart):
     main.add_command(_command)
 

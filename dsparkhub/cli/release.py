@@ -22,16 +22,32 @@ from dsparkhub.secrets import redact
 @click.option("--overwrite", is_flag=True, help="Replace a README.md that dsparkhub did not write.")
 @click.option("--checks", "check_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="`vllm-check --json` / `sglang-check --json` report: the card says which engines' checks passed.")
+@click.option("--compare", "compare_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Results file of another drafter of the same target (repeat): the card gets the comparison tables.")
 @handle_errors
-def card(draft, results_paths, template, license_, base_model, repo_id, overwrite, check_paths) -> None:
+def card(draft, results_paths, template, license_, base_model, repo_id, overwrite, check_paths,
+         compare_paths) -> None:
     """Write README.md (model card) and plots into the drafter folder from verify results files."""
     from dsparkhub.card.render import write_card
 
     out = write_card(draft, list(results_paths), template=template, license=license_, base_model=base_model,
-                     repo_id=repo_id, overwrite=overwrite, checks=list(check_paths))
+                     repo_id=repo_id, overwrite=overwrite, checks=list(check_paths),
+                     compare=list(compare_paths))
     click.echo(f"wrote {out.readme}")
     for p in out.plots:
         click.echo(f"wrote {p}")
+
+
+@click.command("compare")
+@click.argument("results_paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@handle_errors
+def compare(results_paths) -> None:
+    """Compare drafters from `dsparkhub verify` results files: per target, mean speedup at n=3 / n=7 and the
+    change, and τ / tokens/s per concurrency with the crossover (means unweighted over datasets)."""
+    from dsparkhub.compare import compare as compare_results
+    from dsparkhub.compare import format_text, load_sources
+
+    click.echo(format_text(compare_results(load_sources(list(results_paths)))))
 
 
 @click.command()

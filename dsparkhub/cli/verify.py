@@ -48,35 +48,51 @@ from dsparkhub.cli.render import echo_json, hide_transformers_progress
               "wide spread marks them unreliable.")
 @click.option("--threads", type=click.IntRange(min=1),
               help="Torch intra-op threads for the reference engine on CPU (default: chosen by model size).")
+@click.option("--adaptive-verification", type=click.Choice(["off", "on", "both"]), default="off", show_default=True,
+              help="vLLM 0.32 enable_adaptive_verification for a DSpark drafter with a confidence head (--backend "
+              "vllm, GPU only); both = one results file per arm (OUT.adaptive-off.json, OUT.adaptive-on.json).")
+@click.option("--speculative-option", "speculative_options", multiple=True, metavar="KEY=VALUE",
+              help="Extra vLLM speculative_config key (repeat; VALUE as JSON). A lossy rejection_sample_method "
+              "(fly, synthetic) is refused at temperature 0.")
+@click.option("--lossless-at-block-size", is_flag=True,
+              help="Also measure n = the drafter's block_size (sglang#32038 saw corruption only there).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @handle_errors
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
            device, tp, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
-           overwrite, concurrency, repeats, threads, quiet) -> None:
+           overwrite, concurrency, repeats, threads, adaptive_verification, speculative_options,
+           lossless_at_block_size, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses."""
-    from dsparkhub.verify.results.table import format_summary_table
     from dsparkhub.verify.runner import run_verify
     from dsparkhub.verify.settings import LoadOptions, VerifyArgumentError, VerifySettings
+    from dsparkhub.verify.spec_options import SpecOptionError, parse_speculative_options, run_verify_arms
 
     if quiet:
         hide_transformers_progress()
 
     try:
-        results = run_verify(draft, target,
-                             VerifySettings(num_speculative_tokens=ns, datasets=list(datasets),
-                                            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                                            max_prompts=max_prompts, method=method, device=device,
-                                            tensor_parallel_size=tp, max_model_len=max_model_len,
-                                            compilation_config=compilation_config,
-                                            confidence_threshold=confidence_threshold, server_url=server_url,
-                                            baseline_url=baseline_url,
-                                            load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats,
-                                                             intra_op_threads=threads)),
-                             backend=backend, out=out, overwrite=overwrite, progress=not quiet,
-                             raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
-    except VerifyArgumentError as exc:  # a bad combination of arguments: a usage error (exit 2)
+        arms = run_verify_arms(
+            run_verify, mode=adaptive_verification, lossless_at_block_size=lossless_at_block_size,
+            speculative_config=parse_speculative_options(speculative_options), draft=draft, target=target,
+            settings=VerifySettings(
+                num_speculative_tokens=ns, datasets=list(datasets), max_new_tokens=max_new_tokens,
+                temperature=temperature, seed=seed, max_prompts=max_prompts, method=method, device=device,
+                tensor_parallel_size=tp, max_model_len=max_model_len, compilation_config=compilation_config,
+                confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url,
+                load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats, intra_op_threads=threads)),
+            backend=backend, out=out, overwrite=overwrite, progress=not quiet,
+            raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
+    except (VerifyArgumentError, SpecOptionError) as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
+    for path, results in arms:  # one results file per adaptive-verification arm (dsparkhub.verify.spec_options)
+        _print_verify(results, draft, path, temperature, max_new_tokens)
+
+
+def _print_verify(results, draft, out, temperature, max_new_tokens) -> None:
+    """The terminal report of one results file; raises the lossless error after printing it."""
+    from dsparkhub.verify.results.table import format_summary_table
+
     if Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
         from dsparkhub.layouts.deepspec_run import resolve_step_dir
 

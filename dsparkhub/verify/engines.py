@@ -41,7 +41,8 @@ def detect_method(draft: str | Path) -> str:
 def make_backend(name: str, *, target: str, draft: str, method: str, device: str | None = None,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  compilation_config: dict | None = None, confidence_threshold: float | None = None,
-                 server_url: str | None = None, baseline_url: str | None = None) -> Backend:
+                 server_url: str | None = None, baseline_url: str | None = None,
+                 speculative_config: dict | None = None) -> Backend:
     """Construct a verify backend by name, importing its module only now.
 
     Args:
@@ -55,6 +56,7 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
         confidence_threshold: proposal truncation threshold (reference engine).
         server_url: base URL of ``vllm serve`` with the drafter (``vllm-serve`` only).
         baseline_url: base URL of a ``vllm serve`` of the same target without a drafter (``vllm-serve`` only).
+        speculative_config: extra keys for vLLM's ``speculative_config`` (``vllm`` only; ``spec_options``).
 
     Raises:
         EngineUnavailableError: unknown name, the engine's module is missing (vLLM not installed), or a setting the
@@ -78,7 +80,8 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
 
     if name == "vllm":
         return VllmBackend.from_options(target, draft, method=method, tensor_parallel_size=tensor_parallel_size,
-                                        max_model_len=max_model_len, compilation_config=compilation_config)
+                                        max_model_len=max_model_len, compilation_config=compilation_config,
+                                        **({"speculative_extra": speculative_config} if speculative_config else {}))
     # A running server's settings were fixed at launch; TP / max_model_len / compilation config are recorded
     # in the results as given, so give the values the servers were started with.
     return VllmServerBackend.from_options(server_url, baseline_url=baseline_url)

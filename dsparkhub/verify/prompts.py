@@ -11,7 +11,9 @@ Accepted JSONL records (one JSON object a line; blank lines are skipped):
 Dataset specs (``--datasets``, comma-separated or repeated): ``PATH`` (name = file stem), ``NAME=PATH``,
 ``builtin`` (the three smoke sets), ``builtin:math`` / ``builtin:code`` / ``builtin:chat`` (prompts written for this
 project and shipped in ``dsparkhub/data/prompts``), and ``hub:owner/name[:path/in/repo.jsonl]`` (a dataset repo
-file fetched with huggingface_hub; needs the network or a warm cache). Any spec may take a ``NAME=`` prefix.
+file fetched with huggingface_hub; needs the network or a warm cache), and ``speed-bench:FILE.jsonl`` (SPEED-Bench
+records, one dataset ``NAME/category`` per category: :mod:`dsparkhub.verify.speed_bench`). Any spec may take a
+``NAME=`` prefix.
 
 Text prompts get the target tokenizer's chat template when it has one (a single user message, generation prompt
 added, ``enable_thinking=False`` for templates that read it, as DeepSpec's evaluator does), then are encoded without
@@ -29,23 +31,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dsparkhub.errors import DsparkhubError
+from dsparkhub.verify.prompt_files import PromptFileError, PromptRecord, fetch_hub_file
+from dsparkhub.verify.speed_bench import read_categories
 
 BUILTIN = ("math", "code", "chat")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-class PromptFileError(DsparkhubError, ValueError):
-    """A prompt file or dataset spec is malformed, missing, or cannot be tokenized for this target."""
-
-
-@dataclass
-class PromptRecord:
-    """One prompt as read from a file: text (to be tokenized) or token ids (used as-is)."""
-
-    text: str | None = None
-    token_ids: list[int] | None = None
-    line: int = 0
 
 
 @dataclass
@@ -141,24 +131,6 @@ def builtin_path(name: str) -> Path:
     return Path(str(resources.files("dsparkhub") / "data" / "prompts" / f"{name}.jsonl"))
 
 
-def fetch_hub_file(spec: str) -> tuple[Path, str]:
-    """Download ``owner/name[:path/in/repo.jsonl]`` from a Hub dataset repo; returns (local path, file name).
-
-    Without a file, the repo's single ``*.jsonl`` file is used; a cached file is read without a request (see
-    :func:`dsparkhub.hub.datasets.fetch_dataset_jsonl`, which does the fetching).
-
-    Raises:
-        PromptFileError: the spec is not ``owner/name[:file]``, no network / offline mode and nothing cached, the repo
-            holds no or several JSONL files, or the file does not exist (huggingface_hub's own error is chained).
-    """
-    from dsparkhub.hub.datasets import fetch_dataset_jsonl
-
-    repo, _, filename = spec.partition(":")
-    if repo.count("/") != 1 or not all(repo.split("/")):
-        raise PromptFileError(f"hub dataset spec {spec!r}: expected hub:owner/name[:path/in/repo.jsonl]")
-    return fetch_dataset_jsonl(repo, filename, error=PromptFileError)
-
-
 # ---- specs ------------------------------------------------------------------------------------------------------
 
 
@@ -190,6 +162,8 @@ def parse_dataset_specs(specs: str | list[str] | tuple[str, ...] | None) -> list
             out += [(b, f"builtin:{b}") for b in BUILTIN]
         elif spec.startswith("builtin:"):
             out.append((name or spec.split(":", 1)[1], spec))
+        elif spec.startswith("speed-bench:"):  # expanded per category by load_datasets
+            out.append((name or "speed-bench", spec))
         elif spec.startswith("hub:"):
             tail = spec[4:]
             default = Path(tail.split(":", 1)[1]).stem if ":" in tail else tail.split("/")[-1]
@@ -269,7 +243,8 @@ def tokenize(record: PromptRecord, tokenizer) -> list[int]:
         raise PromptFileError(f"line {record.line} is a text prompt but the target has no tokenizer",
                               hint='give prompts as {"prompt_token_ids": [...]} for tokenizer-less targets')
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": record.text}], tokenize=False,
+        chat = record.messages or [{"role": "user", "content": record.text}]
+        text = tokenizer.apply_chat_template(chat, tokenize=False,
                                              add_generation_prompt=True, enable_thinking=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer(record.text)["input_ids"])
@@ -294,8 +269,7 @@ def load_datasets(specs, target: str | Path | None, *, max_prompts: int | None =
     if tokenizer is None and target is not None:
         tokenizer = load_tokenizer(target)
     out = []
-    for name, spec in parse_dataset_specs(specs):
-        records, source = read_spec(spec)
+    for name, spec, records, source in _read_all(parse_dataset_specs(specs)):
         records = records[:max_prompts] if max_prompts else records
         prompts = []
         for rec in records:
@@ -306,3 +280,13 @@ def load_datasets(specs, target: str | Path | None, *, max_prompts: int | None =
                 raise PromptFileError(f"{shown}: {exc.message}", hint=exc.hint) from None
         out.append(Dataset(name=name, source=source, prompts=prompts, texts=[r.text for r in records]))
     return out
+
+
+def _read_all(pairs: list[tuple[str, str]]):
+    """``(name, spec, records, source)`` per dataset; a ``speed-bench:`` spec gives one per category."""
+    for name, spec in pairs:
+        if spec.startswith("speed-bench:"):
+            for cat_name, records, source in read_categories(name, spec):
+                yield cat_name, spec, records, source
+        else:
+            yield (name, spec, *read_spec(spec))

@@ -121,7 +121,8 @@ def _run_one(backend: Backend, prompts: list[list[int]], *, n: int | None, max_n
 def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings = VerifySettings(), *,
                backend: str | Backend = "reference", out: str | Path | None = None, overwrite: bool = False,
                progress: bool = True, check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
-               validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None) -> VerifyResults:
+               validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None,
+               spec_options=None) -> VerifyResults:
     """Verify a drafter against its target and return (and optionally save) the results.
 
     Args:
@@ -140,6 +141,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
         validate_fn: replacement for the validation step ``(draft, target, n) -> None`` (tests).
         warn: called with one line per warning (validation, prompts longer than the context); the CLI prints
             them on stderr. They are also stored in the results' ``warnings``.
+        spec_options: speculative-config extras, n = block size, notes (``spec_options.SpecOptions``; None: none).
 
     Returns:
         The :class:`VerifyResults` (also written to ``out``).
@@ -170,6 +172,11 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
 
         draft = resolve_step_dir(draft)
     draft, target = str(draft), str(target)
+    spec_notes: list[str] = []
+    if spec_options is not None:  # dsparkhub.verify.spec_options: lossy-rejection refusal, n = block size
+        from dsparkhub.verify.spec_options import prepare
+
+        ns, spec_notes = prepare(spec_options, ns, draft=draft, temperature=settings.temperature, backend=backend)
     if isinstance(backend, str):
         check_engine_options(backend, device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
                               confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
@@ -209,6 +216,8 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
         if warn is not None:
             warn(line)
 
+    for line in spec_notes:
+        note(line)
     if check:
         # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
         served_name = backend in SERVER_BACKENDS and not Path(target).is_dir()
@@ -240,7 +249,9 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                               tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
                               compilation_config=settings.compilation_config,
                               confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
-                              baseline_url=settings.baseline_url) if owned else backend
+                              baseline_url=settings.baseline_url,
+                              speculative_config=spec_options.speculative_config if spec_options else None) \
+            if owned else backend
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None

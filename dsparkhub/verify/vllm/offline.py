@@ -72,6 +72,8 @@ class VllmBackend:
         ignore_eos: generate exactly ``max_new_tokens`` tokens per prompt (vLLM ``SamplingParams.ignore_eos``).
         env: extra environment for the child (``VLLM_CPU_KVCACHE_SPACE``, ``CUDA_VISIBLE_DEVICES``, ...).
         python: interpreter for the child (default: this one).
+        speculative_extra: more ``speculative_config`` keys (``enable_adaptive_verification``,
+            ``rejection_sample_method``: :mod:`dsparkhub.verify.spec_options`), merged last.
 
     Raises:
         LayoutError: ``method`` is None and cannot be derived from the drafter's config.
@@ -83,7 +85,9 @@ class VllmBackend:
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  compilation_config: dict | None = None, dtype: str = "auto", enforce_eager: bool | None = None,
                  extra_engine_args: dict | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 ignore_eos: bool = False, env: dict[str, str] | None = None, python: str | None = None):
+                 ignore_eos: bool = False, env: dict[str, str] | None = None, python: str | None = None,
+                 speculative_extra: dict | None = None):
+        self.speculative_extra = dict(speculative_extra or {})  # dsparkhub.verify.spec_options
         self.target = _local_or_id(target)
         self.drafter = _local_or_id(drafter) if drafter is not None else None
         if method is None and self.drafter is not None:
@@ -141,6 +145,7 @@ class VllmBackend:
             spec: dict[str, Any] = {"method": self.method, "num_speculative_tokens": int(n)}
             if self.drafter is not None:
                 spec["model"] = self.drafter
+            spec.update(self.speculative_extra)
             args["speculative_config"] = spec
         return {"action": "start", "model": self.target, "engine_args": args}
 
