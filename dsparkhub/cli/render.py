@@ -138,3 +138,13 @@ def print_push(report) -> None:
         click.echo(f"remote check: {report.remote_check} (sizes and hashes of the pushed files match)")
     else:
         click.echo("unchanged: the Hub already holds these files; no commit made, 0 bytes uploaded")
+
+
+def echo_stages(title: str, stages) -> None:
+    """A staged engine check (``vllm-check`` / ``sglang-check``): the title line, then one line per stage and the
+    first 20 missing tensors of each."""
+    click.echo(title)
+    for s in stages:
+        click.echo(f"  {s.name:<13} {s.status:<8} {s.message}")
+        for name in s.details.get("missing", [])[:20]:
+            click.echo(f"      missing: {name}")

@@ -9,7 +9,7 @@ import click
 
 from dsparkhub.cli.errors import fail, handle_errors
 from dsparkhub.cli.options import generation_options, int_list, json_dict
-from dsparkhub.cli.render import echo_json, hide_transformers_progress
+from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progress
 
 
 @click.command()
@@ -174,12 +174,8 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
     if as_json:
         echo_json(report.to_dict())
     else:
-        click.echo(f"{report.draft}  (vLLM {report.vllm_version}, method {report.method}, "
-                   f"n={report.num_speculative_tokens})")
-        for s in report.stages:
-            click.echo(f"  {s.name:<13} {s.status:<8} {s.message}")
-            for name in s.details.get("missing", [])[:20]:
-                click.echo(f"      missing: {name}")
+        echo_stages(f"{report.draft}  (vLLM {report.vllm_version}, method {report.method}, "
+                    f"n={report.num_speculative_tokens})", report.stages)
     if not report.ok:
         fail()
 
@@ -202,10 +198,7 @@ def sglang_check(draft: str | None, target: str, algorithm: str | None, as_json:
     if as_json:
         echo_json(report.to_dict())
     else:
-        click.echo(f"{report.draft}  (SGLang {report.sglang_version}, --speculative-algorithm {report.algorithm})")
-        for s in report.stages:
-            click.echo(f"  {s.name:<13} {s.status:<8} {s.message}")
-            for name in s.details.get("missing", [])[:20]:
-                click.echo(f"      missing: {name}")
+        echo_stages(f"{report.draft}  (SGLang {report.sglang_version}, --speculative-algorithm {report.algorithm})",
+                    report.stages)
     if not report.ok:
         fail()

@@ -3,6 +3,8 @@ record read from a file, the error naming the file and line, and fetching a file
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,3 +40,20 @@ def fetch_hub_file(spec: str) -> tuple[Path, str]:
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise PromptFileError(f"hub dataset spec {spec!r}: expected hub:owner/name[:path/in/repo.jsonl]")
     return fetch_dataset_jsonl(repo, filename, error=PromptFileError)
+
+
+def jsonl_objects(text: str, shown: str) -> Iterator[tuple[int, object]]:
+    """``(line number, parsed JSON value)`` per non-blank line of a JSONL file's text (numbered from 1).
+
+    Raises:
+        PromptFileError: a line is not valid JSON (``shown``, the line and the column named).
+    """
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"{shown} line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})",
+                                  hint="one JSON object per line") from None
+        yield lineno, obj

@@ -25,13 +25,12 @@ This module does not generate or time anything (``runner`` and the backends do).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dsparkhub.verify.prompt_files import PromptFileError, PromptRecord, fetch_hub_file
+from dsparkhub.verify.prompt_files import PromptFileError, PromptRecord, fetch_hub_file, jsonl_objects
 from dsparkhub.verify.speed_bench import read_categories
 
 BUILTIN = ("math", "code", "chat")
@@ -81,14 +80,7 @@ def read_jsonl(path: str | Path, *, source: str | None = None) -> list[PromptRec
         line = path.read_bytes()[:exc.start].count(b"\n") + 1
         raise PromptFileError(f"{shown} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
                               f"{exc.start})", hint="save the file as UTF-8 JSONL") from None
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PromptFileError(f"{shown} line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})",
-                                  hint="one JSON object per line") from None
+    for lineno, obj in jsonl_objects(text, shown):
         records.append(_record(obj, shown, lineno))
     if not records:
         raise PromptFileError(f"{shown} holds no prompts", hint="one JSON object per line")

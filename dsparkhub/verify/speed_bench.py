@@ -22,11 +22,10 @@ config once with ``datasets``: ``load_dataset("nvidia/SPEED-Bench", "qualitative
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from dsparkhub.verify.prompt_files import PromptFileError, PromptRecord, fetch_hub_file
+from dsparkhub.verify.prompt_files import PromptFileError, PromptRecord, fetch_hub_file, jsonl_objects
 
 PREFIX = "speed-bench:"
 DEFAULT_NAME = "speed-bench"
@@ -61,14 +60,7 @@ def read_speed_bench(path: str | Path, *, source: str | None = None) -> list[tup
     except UnicodeDecodeError:
         raise PromptFileError(f"{shown} is not UTF-8 text", hint="save the file as UTF-8 JSONL") from None
     groups: dict[str, list[PromptRecord]] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PromptFileError(f"{shown} line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})",
-                                  hint="one JSON object per line") from None
+    for lineno, obj in jsonl_objects(text, shown):
         category, record = _record(obj, f"{shown} line {lineno}", lineno)
         groups.setdefault(category, []).append(record)
     if not groups:
