@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsparkhub.errors import CheckpointNotFoundError, HubError, IncompatibleTargetError, ManifestError
-from dsparkhub.hub.remote import remote_checkpoint
 from dsparkhub.io.checkpoint import Checkpoint, open_checkpoint, read_json
 from dsparkhub.io.header import TensorInfo
 from dsparkhub.layouts.manifests import TargetManifest, get_manifest, is_manifest_name, load_manifests, tensor_info
@@ -140,6 +139,8 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
         if is_manifest_name(name) or source.startswith("manifest:"):
             return target_spec_from_manifest(name)
     if is_repo_id(source, revision=True) and not source.startswith((".", "/")):
+        from dsparkhub.hub.remote import remote_checkpoint  # huggingface_hub costs ~0.2 s to import: only for Hub ids
+
         repo, _, revision = source.partition("@")
         cached = _cached_snapshot(repo, revision or None)
         if cached is not None:  # HF_HUB_OFFLINE=1 and the target was downloaded before: read the HF cache
