@@ -257,8 +257,8 @@ def run_verify_arms(run, *, mode: str = "off", out: str | Path | None, speculati
 
         draft = kwargs["draft"]
         folder = resolve_step_dir(draft) if Path(draft).is_dir() else draft  # a DeepSpec run: its step_latest
-        check_adaptive(mode, backend=kwargs.get("backend", "reference"),
-                       method=getattr(kwargs.get("settings"), "method", None) or detect_method(folder), draft=folder, cuda=cuda)
+        method = getattr(kwargs.get("settings"), "method", None) or detect_method(folder)
+        check_adaptive(mode, backend=kwargs.get("backend", "reference"), method=method, draft=folder, cuda=cuda)
     done = []
     for arm, path in zip(arms, arm_paths(out, mode)):
         opts = SpecOptions(speculative_config=arm_config(dict(speculative_config or {}), arm, mode),
