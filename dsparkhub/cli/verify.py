@@ -42,7 +42,8 @@ from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progr
 @click.option("--overwrite", is_flag=True, help="Replace an existing results file --out.")
 @click.option("--concurrency", "concurrency", default="1", show_default=True, callback=int_list,
               help="Comma-separated requests in flight (e.g. 1,8,32); each is measured with and without the "
-              "drafter (reference engine: batched decoding).")
+              "drafter (reference engine: batched decoding; vllm / vllm-serve: `vllm serve` driven by `vllm bench "
+              "serve`).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed repeats per configuration, baseline and drafter interleaved; speedups are medians and a "
               "wide spread marks them unreliable.")

@@ -90,7 +90,7 @@ def check_output(out: str | Path, plan: ConversionPlan, *, src: str | Path, over
 
     Raises:
         OutputExistsError: ``out`` exists and ``overwrite`` is False, or ``out`` is, holds or lies in the source or
-            target folder (:func:`dsparkhub.io.writer.refuse_overlap`).
+            target folder (:func:`dsparkhub.io.output.refuse_overlap`).
     """
     out = Path(out)
     if out.exists() and not overwrite:
@@ -126,7 +126,7 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         max_shard_bytes: output shard cap (default: the largest tensor + 256 MiB).
         plan: a plan already made by :func:`plan_conversion` (skips planning).
         pickle_origin: the folder the user named when ``src`` is the temporary safetensors copy of its pickle
-            weights (``--allow-pickle``, :func:`dsparkhub.io.checkpoint.pickle_as_safetensors`): provenance then
+            weights (``--allow-pickle``, :func:`dsparkhub.io.pickle_weights.pickle_as_safetensors`): provenance then
             records that folder and the sha256 of its own pickle files, not the temporary copy.
         base_model: the target's Hub repo id, recorded in provenance (``target.repo_id``) and used by the card;
             default: found by :func:`dsparkhub.target.target_repo_id` (config ``_name_or_path``, manifests).
@@ -139,7 +139,7 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
 
     Raises:
         OutputExistsError: ``out`` exists and ``overwrite`` is False (checked before any work), or ``out`` is, holds
-            or lies in the source or target folder (:func:`dsparkhub.io.writer.refuse_overlap`).
+            or lies in the source or target folder (:func:`dsparkhub.io.output.refuse_overlap`).
         everything :func:`plan_conversion` raises.
     """
     out = Path(out)

@@ -1,4 +1,4 @@
-"""Header-only view of a safetensors checkpoint (local folder, or a Hub repo through ``dsparkhub.hub.push``).
+"""Header-only view of a safetensors checkpoint (local folder, or a Hub repo through ``dsparkhub.hub.remote``).
 
 Owns: resolving ``model.safetensors.index.json`` to shard files, reading ``config.json`` and the index (size-capped,
 strict), the :class:`Checkpoint` record and lazy per-tensor access (bytes hashing, torch tensors) for the few places

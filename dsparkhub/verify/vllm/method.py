@@ -1,6 +1,6 @@
 """The speculative method to pass to vLLM for a drafter, taken from its :class:`~dsparkhub.layouts.spec.DraftSpec`.
 
-The drafter is read once, by the recipes (:func:`dsparkhub.layouts.recipes.open_draft`: config and safetensors
+The drafter is read once, by the recipes (:func:`dsparkhub.layouts.reading.open_draft`: config and safetensors
 headers, no weights); its ``variant`` names the method. vLLM's own guess sniffs substrings of the path (FORMATS §1
 "Method detection"); we never rely on it, and keep no architecture list of our own: a drafter the recipes cannot
 read is refused here as everywhere else.
