@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib
 import ipaddress
+import json
 import os
 import socket
 import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -89,3 +92,66 @@ def models(tmp_path_factory):
     target = make_qwen3_target(root / "target")
     run = make_deepspec_drafter(root / "run", target)
     return target, run / "step_100"
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """A tiny random target (vocab 64, hidden 32, 3 layers, EOS 0) with two drafters for it, built once per test
+    module (the reference engine and batching tests): ``(root, target model)``, where ``root / "target"`` is the
+    target folder, ``root / "dspark_run"`` a DSpark drafter (layers 0, 1; block 4) and ``root / "dflash"`` a DFlash
+    drafter (layers 1, 2; block 5)."""
+    from dsparkhub.example.layouts import make_tiny_drafter, make_tiny_target
+
+    root = tmp_path_factory.mktemp("tiny")
+    model = make_tiny_target(root / "target", vocab_size=64, hidden_size=32, num_hidden_layers=3, eos_token_id=0)
+    make_tiny_drafter(root / "dspark_run", model, kind="dspark", target_layer_ids=[0, 1], block_size=4)
+    make_tiny_drafter(root / "dflash", model, kind="dflash", target_layer_ids=[1, 2], block_size=5)
+    return root, model
+
+
+class FakeHTTPServer:
+    """A stand-in HTTP server on 127.0.0.1 (an ephemeral port, served from a daemon thread) for the server backends'
+    tests (``from conftest import FakeHTTPServer``).
+
+    Subclasses answer through :meth:`get` (``path`` -> ``(status, body, content type)``) and :meth:`post` (``path``,
+    the parsed JSON body -> the same); every POST body is kept in ``requests`` first. ``url`` is
+    ``http://127.0.0.1:PORT``; :meth:`close` stops the server.
+    """
+
+    def __init__(self):
+        self.requests: list = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code: int, body: str | bytes, ctype: str):
+                data = body.encode() if isinstance(body, str) else body
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send(*server.get(self.path))
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(body)
+                self._send(*server.post(self.path, body))
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def get(self, path: str) -> tuple[int, str | bytes, str]:
+        return 404, "{}", "application/json"
+
+    def post(self, path: str, body) -> tuple[int, str | bytes, str]:
+        return 404, "{}", "application/json"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsparkhub.example.layouts import make_tiny_drafter, make_tiny_target
 from dsparkhub.verify import runner
 from dsparkhub.torch_threads import threads_for
 from dsparkhub.verify.reference.engine import ReferenceEngine
@@ -18,22 +17,13 @@ torch.set_num_threads(1)
 PROMPTS = [[3, 4, 5, 6, 7], [10, 11], [20, 21, 22, 23, 24, 25, 26, 27], [30], [40, 41, 42], [50, 51, 52, 53]]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    model = make_tiny_target(root / "target", vocab_size=64, hidden_size=32, num_hidden_layers=3, eos_token_id=0)
-    make_tiny_drafter(root / "dspark_run", model, kind="dspark", target_layer_ids=[0, 1], block_size=4)
-    make_tiny_drafter(root / "dflash", model, kind="dflash", target_layer_ids=[1, 2], block_size=5)
-    return root, model
-
-
 @pytest.mark.parametrize("kind, n, eos", [("dspark_run", 3, []), ("dspark_run", 4, None), ("dflash", 4, []),
                                           ("dflash", 5, None)])
 @pytest.mark.parametrize("concurrency", [2, 4])
-def test_batched_equals_batch_1(tiny, kind, n, eos, concurrency):
+def test_batched_equals_batch_1(tiny_models, kind, n, eos, concurrency):
     """Outputs and every counter of a batched run equal the batch-1 loop's (greedy), with and without a drafter;
     requests join as others finish (6 prompts, at most 4 in flight)."""
-    root, model = tiny
+    root, model = tiny_models
     engine = ReferenceEngine(model, root / kind, eos_token_id=eos)
     for cfg in (None, n):
         one = engine.run(PROMPTS, num_speculative_tokens=cfg, max_new_tokens=30)
@@ -46,8 +36,8 @@ def test_batched_equals_batch_1(tiny, kind, n, eos, concurrency):
         assert max(many.latency_s) <= many.wall_s
 
 
-def test_batched_sampling_is_reproducible(tiny):
-    root, model = tiny
+def test_batched_sampling_is_reproducible(tiny_models):
+    root, model = tiny_models
     engine = ReferenceEngine(model, root / "dspark_run", eos_token_id=[])
     a = engine.run(PROMPTS, num_speculative_tokens=3, max_new_tokens=20, temperature=0.8, seed=5, concurrency=3)
     b = engine.run(PROMPTS, num_speculative_tokens=3, max_new_tokens=20, temperature=0.8, seed=5, concurrency=3)
@@ -60,9 +50,9 @@ def test_threads_by_model_size():
     assert threads_for(8_000_000_000, cores=1) == 1
 
 
-def test_run_verify_concurrency_axis_interleaved(tiny, tmp_path, monkeypatch):
+def test_run_verify_concurrency_axis_interleaved(tiny_models, tmp_path, monkeypatch):
     """The reference engine through run_verify: concurrency 1 and 3, two interleaved repeats, lossless at both."""
-    root, model = tiny
+    root, model = tiny_models
     engine = ReferenceEngine(model, root / "dspark_run", eos_token_id=[])
     order = []
     real = engine.run
@@ -92,8 +82,8 @@ def test_run_verify_concurrency_axis_interleaved(tiny, tmp_path, monkeypatch):
     assert ds.baseline_at(3).tokens_per_s_repeats and len(ds.baselines) == 2
 
 
-def test_concurrency_out_of_a_backends_reach_is_refused(tiny, tmp_path):
-    root, _ = tiny
+def test_concurrency_out_of_a_backends_reach_is_refused(tiny_models, tmp_path):
+    root, _ = tiny_models
 
     class OneAtATime:
         name, version, device = "vllm", "fake", "cpu"

@@ -18,15 +18,6 @@ torch.set_num_threads(1)
 PROMPTS = [[3, 4, 5, 6, 7], [10, 11], [20, 21, 22, 23, 24, 25, 26, 27]]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    model = make_tiny_target(root / "target", vocab_size=64, hidden_size=32, num_hidden_layers=3, eos_token_id=0)
-    make_tiny_drafter(root / "dspark_run", model, kind="dspark", target_layer_ids=[0, 1], block_size=4)
-    make_tiny_drafter(root / "dflash", model, kind="dflash", target_layer_ids=[1, 2], block_size=5)
-    return root, model
-
-
 def _check_counters(stats, n):
     assert stats.num_draft_tokens == n * stats.num_drafts  # no confidence truncation
     assert len(stats.accepted_per_pos) == n
@@ -38,8 +29,8 @@ def _check_counters(stats, n):
 
 @pytest.mark.parametrize("kind, n", [("dspark_run", 1), ("dspark_run", 4), ("dspark_run", 6), ("dflash", 3),
                                      ("dflash", 4), ("dflash", 7)])
-def test_greedy_speculative_output_equals_plain_greedy(tiny, kind, n):
-    root, model = tiny
+def test_greedy_speculative_output_equals_plain_greedy(tiny_models, kind, n):
+    root, model = tiny_models
     engine = ReferenceEngine(model, root / kind, eos_token_id=[])
     base = engine.run(PROMPTS, num_speculative_tokens=None, max_new_tokens=40)
     spec = engine.run(PROMPTS, num_speculative_tokens=n, max_new_tokens=40)
@@ -51,9 +42,9 @@ def test_greedy_speculative_output_equals_plain_greedy(tiny, kind, n):
     assert spec.num_accepted_tokens + spec.num_drafts + 3 >= spec.output_tokens
 
 
-def test_a_drafter_that_guesses_right_gets_tau_n_plus_one(tiny, monkeypatch):
+def test_a_drafter_that_guesses_right_gets_tau_n_plus_one(tiny_models, monkeypatch):
     """Feed the engine the target's own continuation as drafts: every draft accepted, τ = n + 1 exactly."""
-    root, model = tiny
+    root, model = tiny_models
     engine = ReferenceEngine(model, root / "dspark_run", eos_token_id=[])
     prompt = PROMPTS[0]
     truth = engine.run([prompt], num_speculative_tokens=None, max_new_tokens=60).outputs[0]
@@ -69,8 +60,8 @@ def test_a_drafter_that_guesses_right_gets_tau_n_plus_one(tiny, monkeypatch):
     assert stats.accepted_per_pos == [10, 10, 10, 10]
 
 
-def test_wrong_drafts_accept_nothing_and_stay_lossless(tiny, monkeypatch):
-    root, model = tiny
+def test_wrong_drafts_accept_nothing_and_stay_lossless(tiny_models, monkeypatch):
+    root, model = tiny_models
     engine = ReferenceEngine(model, root / "dflash", eos_token_id=[])
     truth = engine.run([PROMPTS[1]], num_speculative_tokens=None, max_new_tokens=20).outputs[0]
     vocab = model.config.vocab_size
@@ -85,8 +76,8 @@ def test_wrong_drafts_accept_nothing_and_stay_lossless(tiny, monkeypatch):
     assert stats.num_accepted_tokens == 0 and stats.tau == 1.0 and stats.num_drafts == 19
 
 
-def test_eos_stops_generation(tiny):
-    root, model = tiny
+def test_eos_stops_generation(tiny_models):
+    root, model = tiny_models
     engine = ReferenceEngine(model, root / "dspark_run", eos_token_id=[])
     out = engine.run([PROMPTS[2]], num_speculative_tokens=None, max_new_tokens=30).outputs[0]
     stop = out[9]
@@ -145,8 +136,8 @@ def test_sampled_speculative_decoding_matches_target_distribution(tmp_path):
     assert float((emp.sum(0) - joint.sum(0)).abs().sum() / 2) < 0.05  # second-token marginal
 
 
-def test_sampling_is_reproducible_with_the_seed(tiny):
-    root, model = tiny
+def test_sampling_is_reproducible_with_the_seed(tiny_models):
+    root, model = tiny_models
     engine = ReferenceEngine(model, root / "dspark_run", eos_token_id=[])
     a = engine.run(PROMPTS, num_speculative_tokens=3, max_new_tokens=20, temperature=0.8, seed=5)
     b = engine.run(PROMPTS, num_speculative_tokens=3, max_new_tokens=20, temperature=0.8, seed=5)
@@ -155,8 +146,8 @@ def test_sampling_is_reproducible_with_the_seed(tiny):
     assert a.outputs != c.outputs
 
 
-def test_confidence_threshold_truncates_drafts(tiny):
-    root, model = tiny
+def test_confidence_threshold_truncates_drafts(tiny_models):
+    root, model = tiny_models
     full = ReferenceEngine(model, root / "dspark_run", eos_token_id=[])
     cut = ReferenceEngine(model, root / "dspark_run", eos_token_id=[], confidence_threshold=0.99)
     a = full.run(PROMPTS, num_speculative_tokens=4, max_new_tokens=30)
@@ -166,8 +157,8 @@ def test_confidence_threshold_truncates_drafts(tiny):
     assert a.draft_tokens_per_step == 4.0
 
 
-def test_engine_identity_and_errors(tiny):
-    root, model = tiny
+def test_engine_identity_and_errors(tiny_models):
+    root, model = tiny_models
     engine = ReferenceEngine(root / "target", root / "dspark_run")
     assert engine.name == "reference" and engine.version.startswith("dsparkhub ")
     assert "torch" in engine.version and engine.device.startswith("cpu (")
@@ -184,10 +175,10 @@ def test_engine_identity_and_errors(tiny):
 
 @pytest.mark.parametrize("kind", ["dspark", "dflash"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_sliding_window_drafters_decode_losslessly(tiny, tmp_path, kind, causal):
+def test_sliding_window_drafters_decode_losslessly(tiny_models, tmp_path, kind, causal):
     """speculators' default drafters (every layer sliding_attention; causal, or bidirectional with is_causal: false)
     run in the reference engine: greedy output equals plain greedy, and the window changes the drafts."""
-    root, model = tiny
+    root, model = tiny_models
     folder = tmp_path / kind
     make_tiny_drafter(folder, model, kind=kind, target_layer_ids=[0, 1], block_size=4, layout="flat")
     cfg = json.loads((folder / "config.json").read_text())

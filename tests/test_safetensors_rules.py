@@ -103,24 +103,25 @@ def test_refuses_exactly_what_safetensors_refuses(case, tmp_path):
     assert (upstream is None) == (case in ("untouched", "reordered"))
 
 
-def test_gap_error_names_file_tensor_and_offsets(tmp_path):
+def _header_error(tmp_path, mutate) -> CheckpointFormatError:
+    """The error ``read_header`` raises for the saved file after ``mutate(header, data)`` (``_gap``, ...)."""
     header, data = _split(_saved(tmp_path / "orig.safetensors"))
     path = tmp_path / "model.safetensors"
-    _write(path, *_gap(header, data))
+    _write(path, *mutate(header, data))
     with pytest.raises(CheckpointFormatError) as err:
         read_header(path)
-    msg = str(err.value)
+    return err.value
+
+
+def test_gap_error_names_file_tensor_and_offsets(tmp_path):
+    err = _header_error(tmp_path, _gap)
+    msg = str(err)
     assert "model.safetensors" in msg and "'a'" in msg and "offset 20, expected 16" in msg and "'b' ends" in msg
-    assert "InvalidOffset" in msg and "tensor.rs" in err.value.hint
+    assert "InvalidOffset" in msg and "tensor.rs" in err.hint
 
 
 def test_trailing_error_names_file_last_tensor_and_offsets(tmp_path):
-    header, data = _split(_saved(tmp_path / "orig.safetensors"))
-    path = tmp_path / "model.safetensors"
-    _write(path, *_trailing(header, data))
-    with pytest.raises(CheckpointFormatError) as err:
-        read_header(path)
-    msg = str(err.value)
+    msg = str(_header_error(tmp_path, _trailing))
     assert "model.safetensors" in msg and "'e'" in msg and "offset 24, expected 32" in msg
     assert "8 trailing bytes" in msg and "MetadataIncompleteBuffer" in msg
 

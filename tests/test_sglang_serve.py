@@ -5,8 +5,6 @@ sglang:spec_accept_length / sglang:spec_accept_rate gauges)."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -14,56 +12,38 @@ from dsparkhub.errors import EngineUnavailableError, VerifyError
 from dsparkhub.verify import runner
 from dsparkhub.verify.sglang.backend import SglangServerBackend, sglang_gauges
 
+from conftest import FakeHTTPServer
 
-class _FakeSglang:
+
+class _FakeSglang(FakeHTTPServer):
     """A stand-in for `python -m sglang.launch_server`: each request decodes in verify steps of gamma drafts that
     accept `accept` drafts (plus the bonus token), as tokenizer_manager.py:3149-3201 reports them."""
 
     def __init__(self, gamma: int | None, accept: int = 2, gauge_offset: float = 0.0):
-        self.gamma, self.accept, self.gauge_offset, self.requests = gamma, accept, gauge_offset, []
+        self.gamma, self.accept, self.gauge_offset = gamma, accept, gauge_offset
         self.last_tau = 0.0
-        server = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
+    def get(self, path):
+        if path == "/metrics":
+            return 200, self.metrics(), "text/plain"
+        return 404, "{}", "application/json"
 
-            def _send(self, code, body, ctype="application/json"):
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                if self.path == "/metrics":
-                    self._send(200, server.metrics(), "text/plain")
-                else:
-                    self._send(404, "{}")
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(body)
-                if self.path != "/generate" or not isinstance(body.get("input_ids"), list):
-                    self._send(400, json.dumps({"error": "bad request"}))
-                    return
-                n_out = body["sampling_params"]["max_new_tokens"]
-                ids = [(sum(body["input_ids"]) + i) % 50 for i in range(n_out)]
-                meta = {"completion_tokens": n_out}
-                if server.gamma:
-                    steps = -(-n_out // (server.accept + 1))
-                    hist = [0] * (server.accept + 1)
-                    hist[server.accept] = steps
-                    meta.update(spec_verify_ct=steps, spec_num_proposed_drafts=steps * server.gamma,
-                                spec_num_correct_drafts=steps * server.accept, spec_correct_drafts_histogram=hist,
-                                spec_accept_length=n_out / steps)
-                    server.last_tau = n_out / steps
-                self._send(200, json.dumps({"text": "", "output_ids": ids, "meta_info": meta}))
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def post(self, path, body):
+        if path != "/generate" or not isinstance(body.get("input_ids"), list):
+            return 400, json.dumps({"error": "bad request"}), "application/json"
+        n_out = body["sampling_params"]["max_new_tokens"]
+        ids = [(sum(body["input_ids"]) + i) % 50 for i in range(n_out)]
+        meta = {"completion_tokens": n_out}
+        if self.gamma:
+            steps = -(-n_out // (self.accept + 1))
+            hist = [0] * (self.accept + 1)
+            hist[self.accept] = steps
+            meta.update(spec_verify_ct=steps, spec_num_proposed_drafts=steps * self.gamma,
+                        spec_num_correct_drafts=steps * self.accept, spec_correct_drafts_histogram=hist,
+                        spec_accept_length=n_out / steps)
+            self.last_tau = n_out / steps
+        return 200, json.dumps({"text": "", "output_ids": ids, "meta_info": meta}), "application/json"
 
     def metrics(self) -> str:
         lab = 'model_name="tiny-target",engine_type="unified",tp_rank="0"'
@@ -73,9 +53,6 @@ class _FakeSglang:
                  f"sglang:num_running_reqs{{{lab}}} 0.0"]
         return "\n".join(lines) + "\n"
 
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

@@ -9,10 +9,8 @@ import json
 import os
 import stat
 import textwrap
-import threading
 from pathlib import Path
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -22,6 +20,8 @@ from dsparkhub.verify.vllm.method import method_for_drafter, method_for_spec
 from dsparkhub.verify.vllm.offline import VllmBackend
 from dsparkhub.verify.vllm.refusals import refusal_paragraph
 from dsparkhub.verify.vllm.server import VllmServerBackend
+
+from conftest import FakeHTTPServer
 
 
 
@@ -476,54 +476,34 @@ def test_run_without_prompts(tmp_path, drafter):
 # ------------------------------------------------------------------------------------------ server backend
 
 
-class _FakeServer:
+class _FakeServer(FakeHTTPServer):
     """A tiny stand-in for `vllm serve`: /v1/models, /v1/completions, /metrics with cumulative counters."""
 
     def __init__(self, n: int | None, accept: int = 2):
-        self.n, self.accept, self.requests = n, accept, []
+        self.n, self.accept = n, accept
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0] * (n or 0)
-        server = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
+    def get(self, path):
+        if path == "/v1/models":
+            return 200, json.dumps({"data": [{"id": "tiny-target"}]}), "application/json"
+        if path == "/metrics":
+            return 200, self.metrics(), "text/plain"
+        return 404, "{}", "application/json"
 
-            def _send(self, code, body, ctype="application/json"):
-                data = body.encode() if isinstance(body, str) else body
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                if self.path == "/v1/models":
-                    self._send(200, json.dumps({"data": [{"id": "tiny-target"}]}))
-                elif self.path == "/metrics":
-                    self._send(200, server.metrics(), "text/plain")
-                else:
-                    self._send(404, "{}")
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(body)
-                if self.path != "/v1/completions" or not isinstance(body.get("prompt"), list):
-                    self._send(400, json.dumps({"error": "bad request"}))
-                    return
-                ids = [(sum(body["prompt"]) + i) % 50 for i in range(body["max_tokens"])]
-                if server.n:
-                    server.drafts += len(ids)
-                    server.draft_tokens += len(ids) * server.n
-                    server.accepted += len(ids) * server.accept
-                    for k in range(server.accept):
-                        server.per_pos[k] += len(ids)
-                choice = {"index": 0, "text": "", "token_ids": ids if body.get("return_token_ids") else None}
-                self._send(200, json.dumps({"choices": [choice]}))
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def post(self, path, body):
+        if path != "/v1/completions" or not isinstance(body.get("prompt"), list):
+            return 400, json.dumps({"error": "bad request"}), "application/json"
+        ids = [(sum(body["prompt"]) + i) % 50 for i in range(body["max_tokens"])]
+        if self.n:
+            self.drafts += len(ids)
+            self.draft_tokens += len(ids) * self.n
+            self.accepted += len(ids) * self.accept
+            for k in range(self.accept):
+                self.per_pos[k] += len(ids)
+        choice = {"index": 0, "text": "", "token_ids": ids if body.get("return_token_ids") else None}
+        return 200, json.dumps({"choices": [choice]}), "application/json"
 
     def metrics(self) -> str:
         lines = ['vllm:prompt_tokens_total{engine="0",model_name="tiny-target"} 12.0']
@@ -537,9 +517,6 @@ class _FakeServer:
                       for k, v in enumerate(self.per_pos)]
         return "\n".join(lines) + "\n"
 
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture
