@@ -12,6 +12,9 @@ A variable (``vars``) takes the first of its config ``keys`` that is set, else i
 Expressions (shapes, ``when``, variable defaults) are evaluated by :func:`evaluate`, which accepts integers, names,
 ``+ - * //``, parentheses, ``and`` / ``or`` / ``not`` and comparisons, nothing else: a table can never run code.
 
+Every table is checked when loaded against :class:`~dsparkhub.layouts.schemas.FamilyTableSchema` (strict types,
+unknown keys refused) and its expressions are parsed, so a bad table fails with its file and key path.
+
 Does not: read tensor data or decide severities (``dsparkhub.validate`` does).
 """
 
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from dsparkhub.errors import LayoutError
 from dsparkhub.layouts.datafiles import converters_dir, load_yaml_mappings
+from dsparkhub.layouts.schemas import FamilyTableSchema
 from dsparkhub.layouts.spec import DraftSpec
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
@@ -79,10 +83,35 @@ def families_dir() -> Path:
     return converters_dir() / "families"
 
 
+def _check_expressions(data: dict, path: Path) -> None:
+    """Every expression of a table (shapes, ``when``, variable defaults) parses (the grammar is checked when it is
+    evaluated).
+
+    Raises:
+        LayoutError: naming the file, the key path and the expression.
+    """
+    exprs = [(f"vars.{name}.default", rule["default"]) for name, rule in (data.get("vars") or {}).items()
+             if "default" in rule]
+    for section in ("per_layer", "backbone", "tensors"):
+        for i, entry in enumerate(data.get(section) or []):
+            if "when" in entry:
+                exprs.append((f"{section}[{i}].when", entry["when"]))
+            if isinstance(entry["shape"], list):
+                exprs += [(f"{section}[{i}].shape[{j}]", x) for j, x in enumerate(entry["shape"])]
+    for key, expr in exprs:
+        if isinstance(expr, str):
+            try:
+                _parse(expr)
+            except LayoutError:
+                raise LayoutError(f"family table key `{key}`: expected an expression (integers, names, + - * //, "
+                                  f"comparisons, and / or / not), found {expr!r}", path=path) from None
+
+
 @lru_cache(maxsize=4)
 def _tables(folder: str) -> dict[str, dict]:
     out = {}
-    for path, data in load_yaml_mappings(folder, what="family table", error=LayoutError):
+    for path, data in load_yaml_mappings(folder, what="family table", error=LayoutError, schema=FamilyTableSchema):
+        _check_expressions(data, path)
         data["_path"] = str(path)
         out[path.stem] = data
     return out

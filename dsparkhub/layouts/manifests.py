@@ -5,7 +5,9 @@ quantization, the drafter settings the seeds used, serving settings, license, an
 templates for real-size skeletons). ``manifests/releases/<name>.yaml`` describes a published drafter (publisher, repo,
 target manifest, layout, settings, published numbers with their source). Every value carries its provenance in
 ``facts``: ``{field: {verified: bool, source: str}}``; FORMATS.md's *unverified* values stay ``verified: false``
-until a source confirms them.
+until a source confirms them. Each file is checked against :class:`~dsparkhub.layouts.schemas.TargetSchema` /
+:class:`~dsparkhub.layouts.schemas.ReleaseSchema` (strict types, unknown keys refused; the message names the file and
+the key path), then across fields here.
 
 A manifest name works wherever a target is expected (``--target kimi-k2.6``): :func:`dsparkhub.target.target_spec_from_manifest`
 builds a :class:`~dsparkhub.target.TargetSpec` whose tensors are header-like :class:`TensorInfo` without data.
@@ -28,10 +30,8 @@ from dsparkhub.io.header import DTYPE_BITS
 from dsparkhub.io.checkpoint import TensorInfo
 from dsparkhub.errors import ManifestError
 from dsparkhub.layouts.datafiles import data_dir, load_yaml_mappings
+from dsparkhub.layouts.schemas import ReleaseSchema, TargetSchema
 
-TARGET_REQUIRED = ("name", "title", "repo_id", "model_type", "architecture", "family", "hidden_size",
-                   "num_hidden_layers", "vocab_size", "embed", "lm_head", "license")
-RELEASE_REQUIRED = ("name", "title", "publisher", "target", "layout", "variant", "published")
 
 
 def manifests_dir() -> Path:
@@ -137,77 +137,50 @@ class ReleaseManifest:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _tensor_ref(data, where: str, path: Path) -> TensorRef:
-    if not isinstance(data, dict) or not {"name", "shape", "dtype"} <= set(data):
-        raise ManifestError(f"`{where}` must be {{name, shape, dtype}}, found {data!r}", path=path)
-    if data["dtype"] not in DTYPE_BITS:
-        raise ManifestError(f"`{where}.dtype` {data['dtype']!r} is not a safetensors dtype code", path=path)
-    if not isinstance(data["shape"], list) or not all(type(d) is int and d >= 0 for d in data["shape"]):
-        raise ManifestError(f"`{where}.shape` must be a list of non-negative integers, found {data['shape']!r}",
-                            path=path)
-    return TensorRef(str(data["name"]), tuple(data["shape"]), data["dtype"])
-
-
 def _check_facts(data: dict, path: Path) -> None:
-    facts = data.get("facts") or {}
-    if not isinstance(facts, dict):
-        raise ManifestError("`facts` must map field names to {verified, source}", path=path)
-    for key, f in facts.items():
-        if not isinstance(f, dict) or not isinstance(f.get("verified"), bool) or not isinstance(f.get("source"), str):
-            raise ManifestError(f"`facts.{key}` must be {{verified: true|false, source: text}}, found {f!r}",
-                                path=path)
-        top = key.split(".")[0]
-        if top not in data:
-            raise ManifestError(f"`facts.{key}` describes a field the manifest does not have", path=path)
-
-
-def _check_keys(data: dict, path: Path, kind: str, required: tuple[str, ...], cls) -> set[str]:
-    """Refuse missing required keys, malformed facts and unknown keys; returns the dataclass's field names."""
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise ManifestError(f"{kind} manifest lacks {', '.join(missing)}", path=path)
-    _check_facts(data, path)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known - {"kind"})
-    if unknown:
-        raise ManifestError(f"unknown {kind} manifest keys {unknown}", path=path)
-    return known
+    """Each ``facts`` entry describes a field the manifest has (their shape is the schema's)."""
+    for key in data.get("facts") or {}:
+        if key.split(".")[0] not in data:
+            raise ManifestError(f"manifest key `facts.{key}` describes a field the manifest does not have", path=path)
 
 
 def _load_target(data: dict, path: Path) -> TargetManifest:
-    known = _check_keys(data, path, "target", TARGET_REQUIRED, TargetManifest)
-    for k in ("hidden_size", "num_hidden_layers", "vocab_size"):
-        if type(data[k]) is not int or data[k] <= 0:
-            raise ManifestError(f"`{k}` must be a positive integer, found {data[k]!r}", path=path)
-    embed = _tensor_ref(data["embed"], "embed", path)
-    head = _tensor_ref(data["lm_head"], "lm_head", path)
+    """A target manifest from a mapping :class:`~dsparkhub.layouts.schemas.TargetSchema` accepted, after the checks
+    across fields (facts name fields; embed / LM-head shapes are [V, H]; target layer ids are layer indices)."""
+    _check_facts(data, path)
+    embed, head = (TensorRef(str(data[k]["name"]), tuple(data[k]["shape"]), data[k]["dtype"])
+                   for k in ("embed", "lm_head"))
     for ref, what in ((embed, "embed"), (head, "lm_head")):
         if ref.shape != (data["vocab_size"], data["hidden_size"]):
             raise ManifestError(f"`{what}.shape` {list(ref.shape)} disagrees with [vocab_size, hidden_size] = "
                                 f"[{data['vocab_size']}, {data['hidden_size']}]", path=path)
     ids = (data.get("drafter_defaults") or {}).get("target_layer_ids")
-    if ids is not None and not all(type(i) is int and -1 <= i < data["num_hidden_layers"] for i in ids):
+    if ids is not None and not all(-1 <= i < data["num_hidden_layers"] for i in ids):
         raise ManifestError(f"`drafter_defaults.target_layer_ids` {ids} must be layer indices in "
                             f"-1 .. {data['num_hidden_layers'] - 1}", path=path)
-    kw = {k: v for k, v in data.items() if k in known}
+    kw = {k: v for k, v in data.items() if k in _TARGET_FIELDS}
     kw.update(embed=embed, lm_head=head, path=str(path))
     return TargetManifest(**kw)
 
 
 def _load_release(data: dict, path: Path) -> ReleaseManifest:
-    known = _check_keys(data, path, "release", RELEASE_REQUIRED, ReleaseManifest)
-    if not isinstance(data["published"], list) or not all(isinstance(r, dict) and "metric" in r and "value" in r
-                                                          and "source" in r for r in data["published"]):
-        raise ManifestError("`published` must be a list of {metric, value, source, ...} rows", path=path)
-    return ReleaseManifest(**{k: v for k, v in data.items() if k in known}, path=str(path))
+    """A release manifest from a mapping :class:`~dsparkhub.layouts.schemas.ReleaseSchema` accepted."""
+    _check_facts(data, path)
+    return ReleaseManifest(**{k: v for k, v in data.items() if k in _RELEASE_FIELDS}, path=str(path))
+
+
+_TARGET_FIELDS = {f.name for f in fields(TargetManifest)} - {"path"}
+_RELEASE_FIELDS = {f.name for f in fields(ReleaseManifest)} - {"path"}
 
 
 @lru_cache(maxsize=4)
 def _load_all(folder: str) -> tuple[dict, dict]:
     targets: dict[str, TargetManifest] = {}
     releases: dict[str, ReleaseManifest] = {}
-    for kind, loader, into in (("targets", _load_target, targets), ("releases", _load_release, releases)):
-        for path, data in load_yaml_mappings(Path(folder) / kind, what="manifest", error=ManifestError):
+    for kind, schema, loader, into in (("targets", TargetSchema, _load_target, targets),
+                                       ("releases", ReleaseSchema, _load_release, releases)):
+        for path, data in load_yaml_mappings(Path(folder) / kind, what=f"{kind[:-1]} manifest", error=ManifestError,
+                                             schema=schema):
             m = loader(data, path)
             if m.name != path.stem:
                 raise ManifestError(f"manifest name {m.name!r} differs from its file name {path.stem!r}", path=path)

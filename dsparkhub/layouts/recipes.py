@@ -45,6 +45,9 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
 - ``write.derive``: tensors the layout needs that are computed from others (speculators ``t2d`` from ``d2t``),
   see :data:`DERIVED_TENSORS`.
 
+Every file is checked when loaded against :class:`~dsparkhub.layouts.schemas.RecipeSchema` (strict types, unknown
+keys refused; the module docstring there has the import / load timings); ``Recipe.data`` is the parsed mapping itself.
+
 Does not: touch tensor data; read a config into a DraftSpec (``dsparkhub.layouts.reading``); decide whether a
 conversion is allowed (``dsparkhub.convert``).
 """
@@ -59,6 +62,7 @@ from pathlib import Path
 
 from dsparkhub.errors import LayoutError
 from dsparkhub.layouts.datafiles import converters_dir, load_yaml_mappings
+from dsparkhub.layouts.schemas import RecipeSchema
 from dsparkhub.layouts.spec import ANCHOR_FIRST, ONE_PLUS_N, DraftSpec
 
 #: what :func:`get_key` returns for a missing key when no default is given
@@ -265,19 +269,51 @@ def keyed(config: dict, rule, default=None):
     return (rule.get("values") or {}).get(raw, rule.get("default", default))
 
 
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def _check_recipe(data: dict, path: Path) -> None:
+    """What the schema cannot say: rename rules use the same placeholders on both sides, and the tensor-name
+    patterns are valid regular expressions.
+
+    Raises:
+        LayoutError: naming the key path and the bad value.
+    """
+    tensors, write = data.get("tensors") or {}, data.get("write") or {}
+    for i, rule in enumerate(tensors.get("rename") or []):
+        sides = [sorted(set(_PLACEHOLDER.findall(rule[k]))) for k in ("layout", "canonical")]
+        if sides[0] != sides[1] or not set(sides[0]) <= {"i", "j", "rest"}:
+            raise LayoutError(f"recipe key `tensors.rename[{i}]`: expected the same placeholders ({{i}}, {{j}}, "
+                              f"{{rest}}) on both sides, found {rule['layout']!r} -> {rule['canonical']!r}", path=path)
+    for key, patterns in (("tensors.drop", tensors.get("drop")), ("tensors.keep", tensors.get("keep")),
+                          ("write.omit", write.get("omit"))):
+        for i, pattern in enumerate(patterns or []):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise LayoutError(f"recipe key `{key}[{i}]`: expected a regular expression, found {pattern!r} "
+                                  f"({exc})", path=path) from None
+
+
 @lru_cache(maxsize=8)
 def _load_recipes(folder: str) -> tuple[Recipe, ...]:
-    out = []
-    rule = " with at least `name` and `detect`"
-    for path, data in load_yaml_mappings(folder, what="recipe", error=LayoutError, mapping_rule=rule):
-        if "name" not in data or "detect" not in data:
-            raise LayoutError(f"recipe must be a mapping{rule}", path=path)
-        out.append(Recipe(data["name"], data.get("title", data["name"]), data, path))
-    return tuple(out)
+    out: dict[str, Recipe] = {}
+    for path, data in load_yaml_mappings(folder, what="recipe", error=LayoutError, schema=RecipeSchema):
+        _check_recipe(data, path)
+        if data["name"] in out:
+            raise LayoutError(f"recipe name {data['name']!r} is also the name of {out[data['name']].path}", path=path)
+        out[data["name"]] = Recipe(data["name"], data.get("title") or data["name"], data, path)
+    return tuple(out.values())
 
 
 def load_recipes(folder: str | Path | None = None) -> list[Recipe]:
-    """Every recipe in ``folder`` (default :func:`converters_dir`), sorted by file name."""
+    """Every recipe in ``folder`` (default :func:`converters_dir`), sorted by file name.
+
+    Raises:
+        LayoutError: a file is not valid YAML, breaks :class:`~dsparkhub.layouts.schemas.RecipeSchema` (unknown key,
+            wrong type, missing ``name`` / ``detect``; the message names the file and the key path), has a rename
+            rule with different placeholders on its two sides or a bad regular expression, or reuses a name.
+    """
     return list(_load_recipes(str(folder or converters_dir())))
 
 
