@@ -19,7 +19,7 @@ from dsparkhub.convert import ConversionResult, convert
 from dsparkhub.example import Example, build_example
 from dsparkhub.hub.push import PushReport, push
 from dsparkhub.layouts.reading import OpenedDraft, open_draft
-from dsparkhub.validate import validate
+from dsparkhub.validate.record import validate_reusing
 from dsparkhub.validate.report import ValidationReport
 from dsparkhub.verify.results.schema import VerifyResults
 from dsparkhub.verify.runner import run_verify
@@ -43,7 +43,8 @@ class Quickstart:
         example: the embedded example's paths (target, DeepSpec run, prompts).
         source: the training output, opened from its headers (step ``inspect``).
         conversion: what ``convert`` wrote into ``drafter``.
-        report: the validation of ``drafter`` against the example target at n = 7.
+        report: the validation of ``drafter`` against the example target at n = 7 (from convert's record,
+            ``validation.json``: the output is validated once, by convert, and that record is handed on).
         results_path / results: the verify results file (reference engine, n = 3, 5, 7) and its contents.
         card: the model card and plots written into ``drafter``.
         hub_url: the local Hub's URL (None when ``repo_id`` asked for a dry run against the real Hub).
@@ -107,7 +108,10 @@ def quickstart(outdir: str | Path, *, repo_id: str | None = None, max_new_tokens
     state.conversion = convert(ex.deepspec_run, state.drafter, ex.target, overwrite=True)
     finished("convert", state)
     starting("validate")
-    state.report = validate(state.drafter, ex.target, num_speculative_tokens=7)
+    # convert validated its output once (validation.json); this step applies n = 7 to that record, and verify /
+    # push below take the same record (each checks its key against the folder, header-only)
+    record = getattr(state.conversion, "validation", None)
+    state.report, _ = validate_reusing(state.drafter, ex.target, record=record, num_speculative_tokens=7)
     finished("validate", state)
     if not state.report.ok:
         return state
@@ -117,7 +121,8 @@ def quickstart(outdir: str | Path, *, repo_id: str | None = None, max_new_tokens
                                VerifySettings(num_speculative_tokens=(3, 5, 7), datasets=[f"heldout={ex.prompts}"],
                                               max_new_tokens=max_new_tokens,
                                               load=LoadOptions(repeats=3)),  # interleaved, medians: honest timing
-                               backend="reference", out=state.results_path, overwrite=True, progress=progress)
+                               backend="reference", out=state.results_path, overwrite=True, progress=progress,
+                               validation=record)
     finished("verify", state)
     starting("card")
     # the example target lives only on this machine: the card names it by the id the local Hub below would give it
@@ -126,7 +131,7 @@ def quickstart(outdir: str | Path, *, repo_id: str | None = None, max_new_tokens
     finished("card", state)
     starting("push")
     if repo_id:
-        state.push = push(state.drafter, repo_id, dry_run=True, target=str(ex.target))
+        state.push = push(state.drafter, repo_id, dry_run=True, target=str(ex.target), validation_record=record)
     else:
         # the in-process Hub of dsparkhub.testing: imported only here, the library never needs it otherwise
         from dsparkhub.testing.hub_server.hub import LocalHub
@@ -136,6 +141,6 @@ def quickstart(outdir: str | Path, *, repo_id: str | None = None, max_new_tokens
             state.hub_url = hub.url
             finished("local_hub", state)
             state.push = push(state.drafter, QUICKSTART_REPO, token=LOCAL_HUB_TOKEN, endpoint=hub.url,
-                              target=str(ex.target))
+                              target=str(ex.target), validation_record=record)
     finished("push", state)
     return state

@@ -52,7 +52,7 @@ def test_deepspec_to_vllm_is_bit_exact_and_drops_identical_copies(tmp_path, run,
     assert cfg["mask_token_id"] == 127 and cfg["enable_confidence_head"] is True
     assert "num_anchors" not in cfg and "_attn_implementation" not in cfg
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", PROVENANCE_FILE,
-                                                                    "model.safetensors"]
+                                                                    "model.safetensors", "validation.json"]
     assert _hashes(run) == before, "the source checkpoint must not change"
     prov = json.loads((tmp_path / "out" / PROVENANCE_FILE).read_text())
     assert prov["source"]["files"]["model.safetensors"] == before["model.safetensors"]

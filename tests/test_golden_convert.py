@@ -1,7 +1,9 @@
 """Golden output of one conversion: config.json, the shard index, provenance and shard hashes, byte for byte.
 
 The files under ``tests/data/golden/convert_deepspec/`` were written by this test before the refactor of issue 14
-(``DSPARKHUB_REGOLDEN=1`` rewrites them). Only the provenance's ``created`` timestamp is normalised.
+(``DSPARKHUB_REGOLDEN=1`` rewrites them); ``validation.json`` was added with the validation record (issue 14:
+convert validates its output once and writes the record). Only the provenance's ``created`` timestamp and the
+record's target identity (a hash of the temporary target path) are normalised.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from dsparkhub.convert import PROVENANCE_FILE, convert
 from dsparkhub.io.hashing import sha256_file
 from dsparkhub.testing.factories import make_deepspec_drafter, make_qwen3_target
+from dsparkhub.validate.record import VALIDATION_FILE
 
 GOLDEN = Path(__file__).parent / "data" / "golden" / "convert_deepspec"
 
@@ -25,6 +28,9 @@ def _normalised(out: Path) -> dict[str, str]:
         text = p.read_text()
         if p.name == PROVENANCE_FILE:
             text, n = re.subn(r'"created": "[^"]*"', '"created": "<created>"', text)
+            assert n == 1
+        if p.name == VALIDATION_FILE:  # the target's identity hashes its source string, here a temporary path
+            text, n = re.subn(r'"target": "[0-9a-f]{64}"', '"target": "<target identity>"', text)
             assert n == 1
         files[p.name] = text
     files["shards.sha256"] = "".join(f"{sha256_file(p)}  {p.name}\n" for p in sorted(out.glob("*.safetensors")))

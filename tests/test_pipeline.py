@@ -22,8 +22,8 @@ def _fakes(monkeypatch, tmp_path, *, ok=True):
     monkeypatch.setattr(pipeline, "convert", lambda src, out, t, overwrite: calls.append(("convert", out)) or
                         SimpleNamespace(out=out, plan="PLAN"))
     report = SimpleNamespace(ok=ok, draft="d", layout="vllm", errors=[], warnings=[], findings=[])
-    monkeypatch.setattr(pipeline, "validate", lambda d, t, num_speculative_tokens: calls.append(
-        ("validate", num_speculative_tokens)) or report)
+    monkeypatch.setattr(pipeline, "validate_reusing", lambda d, t, record, num_speculative_tokens: (calls.append(
+        ("validate", num_speculative_tokens)) or report, record))
     monkeypatch.setattr(pipeline, "run_verify", lambda d, t, settings=None, **kw: calls.append(("verify", kw["out"])) or "RESULTS")
     monkeypatch.setattr(pipeline, "write_card", lambda d, paths, **kw: calls.append(("card", kw["repo_id"])) or
                         SimpleNamespace(readme=d / "README.md", plots=[]))

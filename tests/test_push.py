@@ -67,7 +67,7 @@ def validation(monkeypatch):
     report = _Report()
     calls = []
 
-    def fake(draft_dir, target, endpoint=None, token=None):
+    def fake(draft_dir, target, endpoint=None, token=None, **_reuse):
         calls.append((Path(draft_dir), target))
         return report
 

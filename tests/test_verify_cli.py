@@ -87,7 +87,7 @@ def setup(tmp_path):
     return draft, target, prompts
 
 
-def no_validate(draft, target, n, warn=None, engine="vllm"):
+def no_validate(draft, target, n, warn=None, engine="vllm", validation=None, told=None):
     return None
 
 
@@ -150,7 +150,7 @@ def test_validation_runs_before_any_backend(setup, monkeypatch):
 
 def test_validate_report_listed(setup, monkeypatch):
     """_validate turns a report with errors into one error listing every finding (dsparkhub.validate API)."""
-    import dsparkhub.verify.runner as validate_mod  # runner's own name for dsparkhub.validate.validate
+    import dsparkhub.verify.runner as validate_mod  # runner's own name for dsparkhub.validate.record.validate_reusing
 
     class F:
         def __init__(self, code, message, location):
@@ -162,9 +162,9 @@ def test_validate_report_listed(setup, monkeypatch):
                   F("mask-token", "mask_token_id 900 outside vocab 512", None)]
 
     seen, report = {}, Report()
-    monkeypatch.setattr(validate_mod, "validate",
-                        lambda d, t, num_speculative_tokens=None, engine="vllm":
-                        seen.update(n=num_speculative_tokens, engine=engine) or report)
+    monkeypatch.setattr(validate_mod, "validate_reusing",
+                        lambda d, t, num_speculative_tokens=None, engine="vllm", record=None, note=None:
+                        (seen.update(n=num_speculative_tokens, engine=engine) or report, None))
     draft, target, _ = setup
     with pytest.raises(ValidationFailedError) as ei:
         runner._validate(draft, target, 5)

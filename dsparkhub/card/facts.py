@@ -243,3 +243,32 @@ def provenance_facts(provenance: dict | None) -> list[tuple[str, str]]:
         facts.append(("Converted with", f"dsparkhub {version}" + (f" on {provenance['created']}"
                                                                   if provenance.get("created") else "")))
     return facts
+
+
+def validation_fact(draft: str | Path) -> tuple[str, str] | None:
+    """The "Validation" bullet from the folder's ``validation.json`` (:mod:`dsparkhub.validate.record`): its outcome
+    against the target it names, with the vLLM engine's view of the target's last layer and no n (the card's
+    results say which n were measured). None when the folder has no record or the record describes other files
+    (its drafter fingerprint differs: config or weights changed since; a card never shows a stale outcome).
+
+    Raises:
+        CardError: ``validation.json`` is malformed (not JSON, another schema, unknown keys).
+    """
+    from dsparkhub.errors import CheckpointFormatError
+    from dsparkhub.layouts.reading import open_draft
+    from dsparkhub.validate.record import drafter_fingerprint, read_record
+
+    try:
+        record = read_record(draft)
+    except CheckpointFormatError as exc:
+        raise CardError(exc.args[0] if exc.args else str(exc), path=exc.path, hint=exc.hint) from None
+    if record is None or record.key.drafter != drafter_fingerprint(open_draft(draft)):
+        return None
+    report = record.report_for(draft, None, engine="vllm")
+    against = f"against `{public_text(record.target_name)}`" if record.target_name else "without a target"
+    if not report.ok:
+        codes = ", ".join(sorted({f.code for f in report.errors}))
+        return "Validation", f"{len(report.errors)} error(s) {against} ({codes})"
+    warns = sorted({f.code for f in report.warnings})
+    return "Validation", f"passed {against}" + (f" ({len(warns)} warning(s): {', '.join(warns)})" if warns else
+                                                " (no warnings)")

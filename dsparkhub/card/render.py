@@ -28,6 +28,7 @@ from dsparkhub.card.facts import (
     is_hub_name,
     load_results_for,
     provenance_facts,
+    validation_fact,
     provenance_target,
     public_text,
     read_config,
@@ -86,7 +87,8 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
     return {
         "card_data": card_data(results, name=name, base_model=base_model, license=license, method=method),
         "name": name, "repo_id": repo_id, "method": method, "method_label": METHOD_LABELS.get(method, method),
-        "target": target, "base_model": base_model, "facts": drafter_facts(drafter_spec(draft, cfg)),
+        "target": target, "base_model": base_model, "facts": drafter_facts(drafter_spec(draft, cfg)) + [
+            f for f in [validation_fact(draft)] if f is not None],
         "serve": (serve := serve_commands(serve_res, target=target, model=model)),
         "sglang": sglang_launch(method, serve["n"], target=target, model=model,
                                 tensor_parallel_size=serve_res.settings.tensor_parallel_size,

@@ -42,15 +42,33 @@ def inspect(path: str, layout: str | None, as_json: bool, allow_pickle: bool) ->
                    "in the reference engine's HF output_hidden_states).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--deep", is_flag=True, help="Also read the drafter's tensor data and report NaN / Inf (DSH207).")
+@click.option("--save", is_flag=True, help="Also write the settings-independent outcome as validation.json into the "
+              "drafter folder (what verify, push and card read; default: print only, write nothing).")
 @handle_errors
 def validate(draft: str, target: str | None, num_speculative_tokens: int | None, layout: str | None,
-             engine: str, as_json: bool, deep: bool) -> None:
+             engine: str, as_json: bool, deep: bool, save: bool) -> None:
     """Check a drafter against its target and vLLM 0.32's contract (configs and headers only; --deep reads the
     data too). Exit 1 on errors."""
     from dsparkhub.validate import validate as run_validate
 
-    report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout,
-                          engine=engine, deep=deep)
+    if save:
+        from dsparkhub.layouts.reading import open_draft
+        from dsparkhub.target import open_target
+        from dsparkhub.validate import validate_base
+        from dsparkhub.validate.record import make_record, write_record
+        from dsparkhub.validate.settings import check_engine
+
+        check_engine(engine)
+        d = open_draft(draft, layout=layout)
+        if d.checkpoint.remote:
+            raise click.UsageError("--save writes into a local drafter folder; this drafter is on the Hub")
+        t = open_target(target) if target else None
+        base = validate_base(d, t, deep=deep)
+        report = base.report(str(d.checkpoint.path), num_speculative_tokens=num_speculative_tokens, engine=engine)
+        click.echo(f"wrote {write_record(d.checkpoint.path, make_record(base, d, t))}", err=True)
+    else:
+        report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout,
+                              engine=engine, deep=deep)
     if as_json:
         echo_json(report.to_dict())
     else:

@@ -190,6 +190,7 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
             shutil.copyfile(Path(d.checkpoint.path) / name, tmp / name)
         files += plan.carried
         write_json(tmp / "config.json", plan.config)
+        record = _validate_output(tmp, plan)
         if progress is not None:
             progress("hash", 0, 1)
         src_hashes = src_future.result()
@@ -218,5 +219,31 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
             "written_bytes": {name: (tmp / name).stat().st_size for name in ["config.json", *files]},
         }
         write_json(tmp / PROVENANCE_FILE, provenance)
-    return ConversionResult(out, plan, files, provenance)
+    return ConversionResult(out, plan, files, provenance, record)
+
+
+def _validate_output(tmp: Path, plan: ConversionPlan):
+    """Validate what was written (headers only, in the temporary folder before the rename) and write its record,
+    ``validation.json`` (:mod:`dsparkhub.validate.record`): the one settings-independent validation of the output
+    that ``verify``, ``push`` and ``card`` then read instead of validating again.
+
+    Raises:
+        ValidationFailedError: the output has errors the source did not (a conversion that breaks the drafter),
+            unless the conversion was forced.
+    """
+    from dsparkhub.layouts.reading import open_draft
+    from dsparkhub.validate import validate_base
+    from dsparkhub.validate.record import make_record, write_record
+    from dsparkhub.validate.report import validation_error
+
+    d = open_draft(tmp, layout=plan.recipe.name)
+    base = validate_base(d, plan.target)
+    record = make_record(base, d, plan.target)
+    if not record.summary.ok and not plan.options.get("force"):
+        report = base.report(str(tmp))
+        raise validation_error(report, against=f"its target {plan.target.source}" if plan.target else "vLLM's contract",
+                               refusing="the converted output was not moved into place", path=tmp,
+                               hint="the source passed but its conversion does not: please report this as a bug")
+    write_record(tmp, record)
+    return record
 

@@ -107,6 +107,8 @@ class ConversionResult:
     plan: ConversionPlan
     files: list[str]
     provenance: dict
+    #: the output's validation (``validation.json``, :mod:`dsparkhub.validate.record`), None when not written
+    validation: object | None = None
 
 
 def _same_bytes(d: OpenedDraft, name: str, t: TargetSpec, which: str) -> tuple[bool | None, str]:

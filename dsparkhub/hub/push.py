@@ -10,7 +10,8 @@ hint (:mod:`dsparkhub.hub.errors`). The token comes from the ``token`` argument,
 login, and is kept out of every message, commit text and report (:func:`dsparkhub.secrets.redact`). Which files go
 is :mod:`dsparkhub.hub.files`; what is on the Hub, :mod:`dsparkhub.hub.remote`.
 
-Does not: validate (``dsparkhub.validate``, called by :func:`_run_validation`), write cards (``dsparkhub.card``),
+Does not: validate (``dsparkhub.validate``, called by :func:`_run_validation`, which reuses a matching
+``validation.json``), write cards (``dsparkhub.card``),
 print (``dsparkhub.cli``).
 """
 
@@ -38,6 +39,7 @@ from dsparkhub.hub.remote import check_remote, guard_readme, lfs_objects_present
 from dsparkhub.io.hashing import checkpoint_fingerprint, sha256_files
 from dsparkhub.repo_ids import check_repo_id
 from dsparkhub.validate.report import validation_error
+from dsparkhub.validate.record import VALIDATION_FILE
 
 TRAINING_LAYOUTS = ("deepspec",)  # written by training, read by dsparkhub, not loaded by vLLM
 
@@ -163,27 +165,36 @@ def _read_provenance(draft_dir: Path) -> dict | None:
     return data
 
 
-def _run_validation(draft_dir: Path, target: str | None, endpoint: str | None = None, token: str | None = None):
-    """``dsparkhub.validate.validate`` (imported here so that reading the Hub does not import the checkers); a Hub
-    target is read from the push's own endpoint with its token, not from the default Hub."""
+def _run_validation(draft_dir: Path, target: str | None, endpoint: str | None = None, token: str | None = None, *,
+                    record=None, seen: dict | None = None):
+    """The drafter's validation (``dsparkhub.validate``, imported here so that reading the Hub does not import the
+    checkers); a Hub target is read from the push's own endpoint with its token, not from the default Hub. The
+    settings-independent pass comes from ``record`` or the folder's ``validation.json`` when its key matches
+    (:func:`dsparkhub.validate.record.validate_reusing`); ``seen`` gets ``"record"`` (the one used, or None) and
+    ``"stale"`` (why a record there was not used, or None)."""
     from dsparkhub.target import open_target
-    from dsparkhub.validate import validate
+    from dsparkhub.validate.record import validate_reusing
 
     if target is not None and not Path(target).exists():
         target = open_target(target, endpoint=endpoint, token=token)
-    return validate(draft_dir, target)
+    why: list[str] = []
+    report, used = validate_reusing(draft_dir, target, record=record, note=why.append)
+    if seen is not None:
+        seen.update(record=used, stale=why[0] if why else None)
+    return report
 
 
 def _validation_gate(draft_dir: Path, target: str | None, endpoint: str | None, token: str | None, force: bool,
-                     r) -> tuple[object, dict, bool]:
-    """Validate the drafter before a push: ``(ValidationReport, its to_dict(), forced)``.
+                     r, record=None, seen: dict | None = None) -> tuple[object, dict, bool]:
+    """Validate the drafter before a push: ``(ValidationReport, its to_dict(), forced)`` (``record`` / ``seen``: see
+    :func:`_run_validation`).
 
     Raises:
         ValidationFailedError: validation found errors and ``force`` is False (``r`` redacts the message).
         ConversionRefusedError: the folder is in a training layout (DeepSpec) and ``force`` is False.
     """
     forced = False
-    validation = _run_validation(draft_dir, target, endpoint, token)
+    validation = _run_validation(draft_dir, target, endpoint, token, record=record, seen=seen)
     report_validation = validation.to_dict()
     if not validation.ok:
         if not force:
@@ -259,7 +270,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
          target: str | None = None, validate: bool = True, expect_head: str | None = None,
          include: list[str] | None = None, exclude: list[str] | None = None, delete: list[str] | None = None,
          commit_message: str | None = None, commit_description: str | None = None,
-         create_pr: bool = False) -> PushReport:
+         create_pr: bool = False, validation_record=None) -> PushReport:
     """Push a drafter folder to a Hub repo as one commit, or show the plan (``dry_run``).
 
     Follows ``hf upload REPO FOLDER`` (huggingface_hub ``upload_folder``): ``include`` / ``exclude`` filter the
@@ -286,7 +297,12 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         token: Hub token; default ``HF_TOKEN`` or the huggingface_hub login. Never shown or stored.
         endpoint: Hub URL (default huggingface_hub's, i.e. ``HF_ENDPOINT`` or https://huggingface.co).
         target: the target to validate against (folder, Hub repo id); None lets ``validate`` check the drafter alone.
-        validate: run validation at all (False only for callers that validated just before).
+        validate: run validation at all (False only for callers that validated just before; the folder's
+            ``validation.json`` is then pushed as it is).
+        validation_record: the drafter's :class:`~dsparkhub.validate.record.ValidationRecord` when one was just
+            made (the quickstart hands on convert's); otherwise the folder's ``validation.json`` is used when its key
+            matches the drafter and ``target``. A ``validation.json`` that does not match (stale, another target,
+            malformed) is left out of the upload with a note, and the drafter is validated here.
         expect_head: the remote head commit (full sha or a prefix of 7+ characters) a ``--dry-run`` showed; the
             push is refused when the branch has moved since, so what was reviewed is what gets pushed.
         include / exclude: fnmatch patterns over the folder's POSIX paths: push only matching / not matching files.
@@ -342,8 +358,13 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
                             "for public repos)")
     r = redactor(token)
 
-    validation, report_validation, forced = _validation_gate(draft_dir, target, endpoint, token, force, r) if validate \
+    seen: dict = {}
+    validation, report_validation, forced = _validation_gate(draft_dir, target, endpoint, token, force, r,
+                                                             validation_record, seen) if validate \
         else (None, None, False)
+    if seen.get("stale") and VALIDATION_FILE in files:  # never publish a record that does not describe this upload
+        del files[VALIDATION_FILE]
+        left_out[VALIDATION_FILE] = r(seen["stale"].replace(f"{VALIDATION_FILE} ignored: ", "stale record: "))
     provenance = _read_provenance(draft_dir)
     hashes = sha256_files(list(files.values()))
 

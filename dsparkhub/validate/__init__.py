@@ -21,9 +21,12 @@ from pathlib import Path
 from dsparkhub.layouts.reading import OpenedDraft, open_draft
 from dsparkhub.target import TargetSpec, open_target
 from dsparkhub.validate.drafter import check_intrinsic
-from dsparkhub.validate.report import SEVERITY_ORDER, Collector, ValidationReport
-from dsparkhub.validate.target_rules import ENGINE_FINAL_LAYER_STATE, check_target
+from dsparkhub.validate.report import Collector, ValidationReport
+from dsparkhub.validate.settings import ENGINE_FINAL_LAYER_STATE, BasePass, SettingsFacts, check_engine
+from dsparkhub.validate.target_rules import check_target
 from dsparkhub.validate.values import check_values
+
+__all__ = ["ENGINE_FINAL_LAYER_STATE", "BasePass", "ValidationReport", "validate", "validate_base"]
 
 
 def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None = None, *,
@@ -43,24 +46,43 @@ def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | 
             error (DSH304) or a warning (DSH313).
 
     Returns:
-        :class:`ValidationReport` with every finding; ``report.ok`` is False when any finding is an error.
+        :class:`ValidationReport` with every finding; ``report.ok`` is False when any finding is an error. It is
+        :func:`validate_base`'s pass with the settings rules applied (:meth:`BasePass.report`).
 
     Raises:
+        ValueError: unknown engine.
         dsparkhub.errors.DsparkhubError subclasses when the drafter or target cannot be read at all
         (missing folder, malformed safetensors or config, unknown layout).
     """
+    check_engine(engine)
     d = draft if isinstance(draft, OpenedDraft) else open_draft(draft, layout=layout)
     t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
-    if engine not in ENGINE_FINAL_LAYER_STATE:
-        raise ValueError(f"engine {engine!r}: expected one of {sorted(ENGINE_FINAL_LAYER_STATE)}")
+    return validate_base(d, t, deep=deep).report(str(d.checkpoint.path), num_speculative_tokens=num_speculative_tokens,
+                                                 engine=engine)
+
+
+def validate_base(d: OpenedDraft, t: TargetSpec | None, *, deep: bool = False) -> BasePass:
+    """The settings-independent pass: every rule but those of n, the engine and the folder's name
+    (:mod:`dsparkhub.validate.settings`). What ``validation.json`` stores (:mod:`dsparkhub.validate.record`).
+
+    Args:
+        d: the opened drafter.
+        t: the opened target, or None.
+        deep: also scan the floating tensors for NaN / Inf (DSH207).
+
+    Returns:
+        :class:`BasePass`.
+
+    Raises:
+        dsparkhub.errors.DsparkhubError subclasses when a tensor the rules read (``d2t``, the data with ``deep``)
+        cannot be read.
+    """
     out = Collector()
-    check_intrinsic(d, out, num_speculative_tokens)
+    check_intrinsic(d, out)
     if deep:
         check_values(d, out)
-    if t is not None:
-        check_target(d, t, out, engine)
-    findings = sorted(out.items, key=lambda f: (SEVERITY_ORDER[f.severity], f.code, f.location))
-    return ValidationReport(str(d.checkpoint.path), None if t is None else t.source, d.recipe.name, findings,
-                            d.spec.summary())
-
-
+    final = check_target(d, t, out) if t is not None else None
+    spec = d.spec
+    facts = SettingsFacts(spec.variant, d.recipe.name, spec.block_size, spec.block_layout, spec.proposals_per_block,
+                          list(spec.target_layer_ids), final)
+    return BasePass(None if t is None else t.source, d.recipe.name, out.items, spec.summary(), facts, deep)

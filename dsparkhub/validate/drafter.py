@@ -12,7 +12,9 @@ from dsparkhub.validate.report import Collector
 from dsparkhub.validate.sidecar import check_sidecar
 
 
-def check_intrinsic(d: OpenedDraft, out: Collector, n: int | None) -> None:
+def check_intrinsic(d: OpenedDraft, out: Collector) -> None:
+    """Every rule on the drafter alone that depends on its files only (not on n, the engine or the folder's name:
+    :mod:`dsparkhub.validate.settings`)."""
     spec, cfg = d.spec, d.checkpoint.config
     cfg_file = str(Path(d.checkpoint.path) / "config.json")
     if spec.block_size <= 0:
@@ -45,13 +47,7 @@ def check_intrinsic(d: OpenedDraft, out: Collector, n: int | None) -> None:
                 "default (true), while vLLM's speculators reader defaults it to false", location=cfg_file,
                 expected=f"sample_from_anchor: {str(spec.block_layout == ANCHOR_FIRST).lower()}", found="absent",
                 hint="`dsparkhub convert` writes it explicitly")
-    lowered = str(d.checkpoint.path).lower()
-    sniff = next((s for s in ("eagle-", "eagle3", "dflash") if s in lowered), None)
-    if sniff and spec.variant == "dspark":
-        out.add("DSH107", f"the drafter path contains {sniff!r}: if `method` is not passed, vLLM 0.32 loads it as "
-                "that method, not DSpark", location=str(d.checkpoint.path),
-                hint='always pass "method": "dspark" in --speculative-config, or rename the folder')
-
+    # DSH107 (the folder's name) is a rule of the path, not of the files: dsparkhub.validate.settings
     check_layout_rules(d, out)
     expected, open_layers = expected_tensors(spec)
     shapes = {e.name: e.shape for e in expected}
@@ -98,15 +94,6 @@ def check_intrinsic(d: OpenedDraft, out: Collector, n: int | None) -> None:
         out.add("DSH206", f"weights mix floating dtypes {sorted(floats)}", found=sorted(floats),
                 hint="vLLM casts to one dtype at load; make sure the lossy direction is intended")
     check_sidecar(d, out)
-    if n is not None:
-        p = spec.proposals_per_block
-        if n > p:
-            out.add("DSH401", f"num_speculative_tokens {n} exceeds the {p} tokens one trained block proposes "
-                    f"({spec.block_layout}, block size {spec.block_size}); the extra positions were never trained",
-                    expected=f"<= {p}", found=n)
-        elif n < p:
-            out.add("DSH402", f"num_speculative_tokens {n} is below the {p} tokens a block was trained to "
-                    "propose (allowed by vLLM 0.32)", expected=p, found=n)
 
 
 def check_layout_rules(d: OpenedDraft, out: Collector) -> None:

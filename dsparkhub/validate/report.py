@@ -68,6 +68,8 @@ LAYOUT_CODES: dict[str, tuple[str, str]] = {
                       "target)"),
 }
 ALL_CODES = {**CODES, **LAYOUT_CODES}
+#: codes only the opt-in scan of the tensor data (``deep=True``) finds.
+DEEP_CODES = frozenset({"DSH207"})
 
 
 @dataclass

@@ -9,10 +9,18 @@ from dsparkhub.layouts.manifests import get_manifest
 from dsparkhub.layouts.reading import OpenedDraft
 from dsparkhub.target import TargetSpec
 from dsparkhub.validate.report import Collector
+from dsparkhub.validate.settings import FinalLayer
 
 
-def check_target(d: OpenedDraft, t: TargetSpec, out: Collector, engine: str = "vllm") -> None:
+def check_target(d: OpenedDraft, t: TargetSpec, out: Collector) -> FinalLayer | None:
+    """Every rule of the drafter against its target that does not depend on the engine.
+
+    Returns:
+        the facts of the engine-dependent final-layer rule (DSH304 / DSH313, :func:`dsparkhub.validate.settings.
+        final_layer_findings`) when the ids include the target's last layer and none lies outside it; else None.
+    """
     spec = d.spec
+    final = None
     cfg_file = str(Path(d.checkpoint.path) / "config.json")
     if spec.target_hidden_size != t.hidden_size:
         out.add("DSH301", "the drafter was built for a target with another hidden size",
@@ -39,7 +47,8 @@ def check_target(d: OpenedDraft, t: TargetSpec, out: Collector, engine: str = "v
                 location=f"{cfg_file} key target_layer_ids", expected=f"-1 <= id <= {L - 2}", found=ids,
                 hint=hint or "layer ids are 0-based decoder-layer indices")
     elif L - 1 in ids:
-        check_final_layer(d, t, out, engine)
+        final = FinalLayer(target_layers=L, trained=d.recipe.data.get("final_layer_state", "raw"),
+                           sources=d.recipe.data.get("final_layer_state_source") or "")
     if spec.num_target_layers is not None \
             and spec.layout in ("deepspec", "vllm", "zlab-dflash", "k3-dspark", "speculators") \
             and spec.num_target_layers != L:
@@ -78,38 +87,7 @@ def check_target(d: OpenedDraft, t: TargetSpec, out: Collector, engine: str = "v
             out.add("DSH305", f"the drafter's {own} is {mine.dtype} {list(mine.shape)}, the target's {ref.name} is "
                     f"{ref.dtype} {list(ref.shape)}", location=f"tensor {own}",
                     expected=f"{ref.dtype} {list(ref.shape)}", found=f"{mine.dtype} {list(mine.shape)}")
-
-
-#: safetensors dtype codes whose values can be NaN / Inf, and the torch dtype they are read as (F8_E4M3 has NaN but
-#: no Inf; F8_E8M0's 0xFF is NaN).
-ENGINE_FINAL_LAYER_STATE = {"vllm": "raw", "reference": "normed"}
-
-
-def check_final_layer(d: OpenedDraft, t: TargetSpec, out: Collector, engine: str) -> None:
-    """The target's last layer among the ids: DSH304 where the engine reads its state otherwise than the layout's
-    trainer saw it (recipe key ``final_layer_state``, default ``raw``), else DSH313."""
-    spec, L = d.spec, t.num_hidden_layers
-    cfg_file = str(Path(d.checkpoint.path) / "config.json")
-    trained = d.recipe.data.get("final_layer_state", "raw")
-    served = ENGINE_FINAL_LAYER_STATE[engine]
-    sources = (d.recipe.data.get("final_layer_state_source")
-               or "the layout's trainer is assumed to read decoder-layer outputs, as vLLM does")
-    shifted = "; if these are hidden-state indices, subtract 1 from each" if min(spec.target_layer_ids) >= 1 else ""
-    if trained != served:
-        out.add("DSH304", f"target layer id {L - 1} is the target's last layer: the {engine} engine reads its state "
-                f"{'after' if served == 'normed' else 'before'} the final norm "
-                f"({'HF output_hidden_states' if served == 'normed' else 'vLLM aux hidden states'}), while this "
-                f"{d.recipe.name} drafter was trained on it {'after' if trained == 'normed' else 'before'}",
-                location=f"{cfg_file} key target_layer_ids", expected=f"<= {L - 2}", found=spec.target_layer_ids,
-                hint=f"{sources}; DeepSpec's evaluator refuses these ids for the same reason "
-                     f"(eval/base_evaluator.py:100-112 assert_no_final_target_layer){shifted}")
-    else:
-        out.add("DSH313", f"target layer id {L - 1} is the target's last layer: {engine} reads its state as the "
-                f"{d.recipe.name} trainer did ({served}), but HF output_hidden_states returns it normed, so the "
-                "reference engine (`verify --backend reference`) and DeepSpec's evaluator refuse this drafter",
-                location=f"{cfg_file} key target_layer_ids", expected=f"<= {L - 2} for every engine",
-                found=spec.target_layer_ids,
-                hint=f"{sources}; verify it with --backend vllm{shifted}")
+    return final
 
 
 def check_family(d: OpenedDraft, t: TargetSpec, out: Collector) -> None:

@@ -8,6 +8,8 @@ from dsparkhub.errors import CheckpointFormatError
 from dsparkhub.layouts.reading import OpenedDraft
 from dsparkhub.validate.report import Collector
 
+#: safetensors dtype codes whose values can be NaN / Inf, and the torch dtype they are read as (F8_E4M3 has NaN but
+#: no Inf; F8_E8M0's 0xFF is NaN).
 _NONFINITE_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
                      "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
 #: bytes of tensor data read at once by the deep check (memory stays at a few times this, whatever the tensor)
@@ -69,7 +71,3 @@ def check_values(d: OpenedDraft, out: Collector) -> None:
                     location=f"{d.checkpoint.file_path(info)} tensor {name}", expected="finite values",
                     found=f"{nan} NaN, {inf} Inf", hint="the training run diverged or the file was damaged; "
                                                        "re-export from a healthy step")
-#: where each engine reads a target layer's state: ``raw`` = the decoder layer's output before the final norm
-#: (vLLM 0.32 model_executor/models/qwen2.py:430-445 ``_maybe_add_hidden_state`` before ``self.norm``, which Qwen3
-#: inherits; deepseek_v4/nvidia/model.py:1482-1495), ``normed`` = HF ``output_hidden_states``, whose last entry is
-#: the final norm's output (the reference engine; DeepSpec eval/base_evaluator.py:100-112).

@@ -9,7 +9,9 @@ Order of a run (each step fails with a clear error before the next, more expensi
 
 1. check the arguments (n values, temperature, method detected from the drafter config);
 2. ``dsparkhub.validate.validate(draft, target, num_speculative_tokens=max(n))``: fc width, mask token, vocab...
-   from safetensors headers, before any model is loaded (``ValidationFailedError`` lists every error);
+   from safetensors headers, before any model is loaded (``ValidationFailedError`` lists every error); its
+   settings-independent pass comes from the drafter's ``validation.json`` (or a record handed in) when its key
+   matches (``dsparkhub.validate.record``);
 3. read and tokenize every dataset (``PromptFileError`` names the file and line);
 4. construct the backend; run every configuration (the baseline without the drafter, then every n) on every
    dataset at every concurrency, ``repeats`` times. A backend that switches configurations for free (the reference
@@ -33,7 +35,7 @@ from dsparkhub.errors import (DsparkhubError, EngineUnavailableError, OutputExis
                               OutputNotWritableError, VerifyError)
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import public_name
-from dsparkhub.validate import validate
+from dsparkhub.validate.record import validate_reusing
 from dsparkhub.validate.report import validation_error
 from dsparkhub.verify.engines import SERVER_BACKENDS, check_engine_options, detect_method, make_backend
 from dsparkhub.verify.results.derive import build_results
@@ -68,11 +70,16 @@ def _warn_context_overflow(data, target: str, max_model_len: int | None, max_new
 
 
 def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callable[[str], None] | None = None,
-              engine: str = "vllm"):
+              engine: str = "vllm", validation=None, told: Callable[[str], None] | None = None):
     """Static checks before any model is loaded (``dsparkhub.validate``); raise with every error listed, pass
     each warning (e.g. DSH401: n larger than a trained block) to ``warn``. ``engine`` (``"reference"`` for the
-    reference backend, which reads HF ``output_hidden_states``) decides DSH304 vs DSH313."""
-    report = validate(draft, target, num_speculative_tokens=n, engine=engine)
+    reference backend, which reads HF ``output_hidden_states``) decides DSH304 vs DSH313.
+
+    The settings-independent pass is taken from ``validation`` (a :class:`~dsparkhub.validate.record.
+    ValidationRecord` made in this process) or the folder's ``validation.json`` when its key matches the drafter and
+    target (:func:`~dsparkhub.validate.record.validate_reusing`); otherwise (``told`` says why) it runs here."""
+    report, _ = validate_reusing(draft, target, record=validation, num_speculative_tokens=n, engine=engine,
+                                 note=told)
     for f in report.warnings if warn is not None else []:
         warn(f"warning [{f.code}] {f.message}")
     if not report.ok:
@@ -122,7 +129,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                backend: str | Backend = "reference", out: str | Path | None = None, overwrite: bool = False,
                progress: bool = True, check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
                validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None,
-               spec_options=None) -> VerifyResults:
+               spec_options=None, validation=None) -> VerifyResults:
     """Verify a drafter against its target and return (and optionally save) the results.
 
     Args:
@@ -142,6 +149,8 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
         warn: called with one line per warning (validation, prompts longer than the context); the CLI prints
             them on stderr. They are also stored in the results' ``warnings``.
         spec_options: speculative-config extras, n = block size, notes (``spec_options.SpecOptions``; None: none).
+        validation: the drafter's :class:`~dsparkhub.validate.record.ValidationRecord` when one was just made (the
+            quickstart hands on convert's); used when its key matches, as the folder's ``validation.json`` is.
 
     Returns:
         The :class:`VerifyResults` (also written to ``out``).
@@ -226,7 +235,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
         else:
             name = backend if isinstance(backend, str) else getattr(backend, "name", "")
             _validate(draft, None if served_name else target, max(ns), note,
-                      engine="reference" if name == "reference" else "vllm")
+                      engine="reference" if name == "reference" else "vllm", validation=validation, told=warn)
 
     from dsparkhub.verify.prompts import load_datasets
 
