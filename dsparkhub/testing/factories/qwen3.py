@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from dsparkhub.example.layouts import deepspec_draft_config, link_step_latest
 from dsparkhub.testing.factories.common import dense_mlp, random_tensors, write_checkpoint
 
 
@@ -75,8 +76,9 @@ def make_deepspec_drafter(run_dir: str | Path, target: str | Path, *, layers: in
                           config_overrides: dict | None = None, tensor_overrides: dict | None = None) -> Path:
     """A DeepSpec run folder ``run_dir/step_<step>/`` + ``step_latest`` for ``target`` (FORMATS §2).
 
-    The config is a copy of the target's with DeepSpec's DSpark keys; tensors include the frozen embed / lm_head
-    copies; ``train_config.py`` and ``training_state.rank0.pt`` are present as DeepSpec writes them.
+    The config is :func:`dsparkhub.example.layouts.deepspec_draft_config` of the target's; tensors include the
+    frozen embed / lm_head copies; ``train_config.py`` and ``training_state.rank0.pt`` are present as DeepSpec writes
+    them.
     ``drop`` removes tensors; ``tensor_overrides`` replaces / adds tensors; ``config_overrides`` edits the config.
 
     Returns:
@@ -85,17 +87,10 @@ def make_deepspec_drafter(run_dir: str | Path, target: str | Path, *, layers: in
     target = Path(target)
     tcfg = json.loads((target / "config.json").read_text())
     tt = load_file(str(target / "model.safetensors"))
-    cfg = dict(tcfg)
-    cfg.update({"architectures": ["Qwen3DSparkModel"], "num_hidden_layers": layers,
-                "num_target_layers": tcfg["num_hidden_layers"], "block_size": block_size,
-                "mask_token_id": tcfg["vocab_size"] - 1 if mask_token_id is None else mask_token_id,
-                "target_layer_ids": list(target_layer_ids), "num_anchors": 512, "tie_word_embeddings": False,
-                "layer_types": ["full_attention"] * layers, "_attn_implementation": "flex_attention",
-                "enable_confidence_head": confidence})
-    if markov_rank:
-        cfg.update({"markov_rank": markov_rank, "markov_head_type": "vanilla"})
-        if confidence:
-            cfg["confidence_head_with_markov"] = with_markov
+    cfg = deepspec_draft_config(tcfg, num_hidden_layers=layers, target_layer_ids=list(target_layer_ids),
+                                block_size=block_size,
+                                mask_token_id=tcfg["vocab_size"] - 1 if mask_token_id is None else mask_token_id,
+                                markov_rank=markov_rank, confidence=confidence, with_markov=with_markov)
     cfg.update(config_overrides or {})
     tensors = qwen3_drafter_tensors(cfg, target_layers=len(target_layer_ids), target_hidden=tcfg["hidden_size"],
                                     markov_rank=markov_rank, confidence=confidence, with_markov=with_markov,
@@ -109,10 +104,7 @@ def make_deepspec_drafter(run_dir: str | Path, target: str | Path, *, layers: in
     step_dir = write_checkpoint(run / f"step_{step}", cfg, tensors)
     (step_dir / "train_config.py").write_text(f"block_size = {block_size}\nmarkov_rank = {markov_rank}\n")
     torch.save({"optimizer": {}, "next_micro_step": step}, step_dir / "training_state.rank0.pt")
-    latest = run / "step_latest"
-    if latest.is_symlink():
-        latest.unlink()
-    latest.symlink_to(step_dir.name)
+    link_step_latest(step_dir)
     return run
 
 
