@@ -14,7 +14,8 @@ from pathlib import Path
 from bench_common import dsparkhub_cli, run_child
 
 from dsparkhub.io.header import tensor_nbytes
-from dsparkhub.skeleton import SkeletonTensor, write_sparse_safetensors
+from dsparkhub.skeleton import write_sparse_safetensors
+from dsparkhub.skeleton_tensors import SkeletonTensor
 
 
 def write_skeleton(folder: Path, config: dict, tensors: list[tuple[str, str, tuple[int, ...]]], shards: int, *,

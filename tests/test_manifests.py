@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from dsparkhub.cli import main
 from dsparkhub.errors import ManifestError
 from dsparkhub.layouts.manifests import get_manifest, load_manifests, manifests_dir
-from dsparkhub.skeleton import meta_check
+from dsparkhub.skeleton_tensors import meta_check
 from dsparkhub.target import open_target, target_spec_from_manifest
 from dsparkhub.testing import factories as F
 from dsparkhub.validate import validate

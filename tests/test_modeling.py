@@ -14,7 +14,9 @@ from dsparkhub.example.layouts import make_tiny_drafter, make_tiny_target
 from dsparkhub.layouts.reading import spec_from_config as spec_of_config
 from dsparkhub.verify.reference.loading import load_drafter, resolve_layer_attention
 from dsparkhub.verify.reference.loading import drafter_config_of as drafter_config_from_dict
-from dsparkhub.verify.reference.modeling import ContextCache, Drafter, LayerAttention, attention_mask, target_features
+from dsparkhub.verify.reference.drafter_config import LayerAttention
+from dsparkhub.verify.reference.layers import attention_mask
+from dsparkhub.verify.reference.modeling import ContextCache, Drafter, target_features
 
 torch.set_num_threads(1)
 

@@ -13,7 +13,8 @@ from safetensors import safe_open
 from dsparkhub.io.checkpoint import open_checkpoint
 from dsparkhub.cli import main
 from dsparkhub.errors import ManifestError
-from dsparkhub.skeleton import skeleton_tensors, sparse_drafter, write_skeleton
+from dsparkhub.skeleton import sparse_drafter, write_skeleton
+from dsparkhub.skeleton_tensors import skeleton_tensors
 from dsparkhub.target import open_target
 from dsparkhub.validate import validate
 

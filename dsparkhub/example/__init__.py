@@ -34,7 +34,7 @@ from dsparkhub.errors import CheckpointNotFoundError, OutputExistsError
 
 # The trainer and the layout writers import torch and transformers (seconds): loaded on first use, so laying out
 # the shipped example costs no import of either.
-_LAZY = {"EXAMPLE_RECIPE": "train", "SPECIAL_TOKENS": "train", "measure_example": "train",
+_LAZY = {"EXAMPLE_RECIPE": "train", "SPECIAL_TOKENS": "corpus", "measure_example": "train",
          "train_example_into": "train", "dflash_config_dict": "layouts", "dspark_config_dict": "layouts",
          "make_tiny_drafter": "layouts", "make_tiny_target": "layouts", "save_deepspec_step": "layouts"}
 
@@ -110,16 +110,17 @@ def shipped_key(folder: Path | None = None) -> str:
 
 
 def example_key() -> str:
-    """16 hex digits identifying a from-scratch build: the trainer's, modeling's and loading's source, the recipe,
-    versions."""
+    """16 hex digits identifying a from-scratch build: the sources of the trainer (corpus, batches, training) and of
+    the reference drafter (configuration, layers, modeling, loading), the recipe, versions."""
     import tokenizers
     import torch
     import transformers
 
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for path in (here / "train.py", here.parent / "verify" / "reference" / "modeling.py",
-                 here.parent / "verify" / "reference" / "loading.py"):
+    reference = here.parent / "verify" / "reference"
+    for path in (here / "corpus.py", here / "batches.py", here / "train.py", reference / "drafter_config.py",
+                 reference / "layers.py", reference / "modeling.py", reference / "loading.py"):
         h.update(path.read_bytes())
     from dsparkhub.example.train import EXAMPLE_RECIPE
 

@@ -14,43 +14,50 @@ import torch
 from dsparkhub.verify.reference.loading import drafter_config_of
 from dsparkhub.verify.reference.modeling import Drafter
 
-__all__ = ["dspark_config_dict", "dflash_config_dict", "save_deepspec_step", "save_safetensors", "make_tiny_target",
-           "make_tiny_drafter"]
+__all__ = ["deepspec_draft_config", "dspark_config_dict", "dflash_config_dict", "link_step_latest", "save_deepspec_step",
+           "save_safetensors", "make_tiny_target", "make_tiny_drafter"]
+
+
+def deepspec_draft_config(target_config: dict, *, num_hidden_layers: int, target_layer_ids: list[int],
+                          block_size: int, mask_token_id: int, markov_rank: int, confidence: bool = True,
+                          with_markov: bool = True, num_anchors: int = 512) -> dict:
+    """A DeepSpec Qwen3 DSpark ``config.json``: a copy of ``target_config`` (every key kept, in order) plus the DSpark
+    keys — the one builder of the embedded example (:func:`dspark_config_dict`) and the test factories
+    (``dsparkhub.testing.factories.qwen3.make_deepspec_drafter``).
+
+    DeepSpec ``deepspec/modeling/dspark/qwen3/config.py`` ``build_draft_config`` (FORMATS §2): architectures
+    ``["Qwen3DSparkModel"]``, ``model_type`` kept, ``num_hidden_layers`` = draft layers, ``num_target_layers`` = the
+    target's layer count, top-level ``block_size`` / ``mask_token_id`` / ``target_layer_ids`` (layer-index numbering),
+    ``num_anchors``, ``tie_word_embeddings`` false, ``layer_types``, ``_attn_implementation``,
+    ``enable_confidence_head``; with ``markov_rank`` > 0 also ``markov_rank`` / ``markov_head_type`` and, with a
+    confidence head, ``confidence_head_with_markov`` (a rank-0 DeepSpec-DFlash config leaves them out).
+    """
+    cfg = dict(target_config)
+    cfg.update({"architectures": ["Qwen3DSparkModel"], "num_hidden_layers": num_hidden_layers,
+                "num_target_layers": int(target_config["num_hidden_layers"]), "block_size": block_size,
+                "mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids), "num_anchors": num_anchors,
+                "tie_word_embeddings": False, "layer_types": ["full_attention"] * num_hidden_layers,
+                "_attn_implementation": "flex_attention", "enable_confidence_head": confidence})
+    if markov_rank:
+        cfg.update({"markov_rank": markov_rank, "markov_head_type": "vanilla"})
+        if confidence:
+            cfg["confidence_head_with_markov"] = with_markov
+    return cfg
 
 
 def dspark_config_dict(target_config: dict, *, num_hidden_layers: int, target_layer_ids: list[int], block_size: int,
                        mask_token_id: int, markov_rank: int, intermediate_size: int | None = None,
                        enable_confidence_head: bool = True, confidence_head_with_markov: bool = True,
                        num_anchors: int = 512) -> dict:
-    """A DeepSpec Qwen3 DSpark ``config.json``: a copy of the target config plus the DSpark keys.
-
-    DeepSpec ``deepspec/modeling/dspark/qwen3/config.py`` ``build_draft_config`` (FORMATS §2): architectures
-    ``["Qwen3DSparkModel"]``, ``model_type`` kept, ``num_hidden_layers`` = draft layers, ``num_target_layers`` = the
-    target's layer count, top-level ``block_size`` / ``mask_token_id`` / ``target_layer_ids`` (layer-index numbering),
-    ``markov_rank`` / ``markov_head_type``, confidence flags, ``tie_word_embeddings`` false, ``layer_types``,
-    ``num_anchors``, ``_attn_implementation``.
-    """
-    cfg = json.loads(json.dumps(target_config))
-    for key in ("transformers_version", "dtype", "torch_dtype"):
-        cfg.pop(key, None)
-    cfg.update({
-        "architectures": ["Qwen3DSparkModel"],
-        "num_target_layers": int(target_config["num_hidden_layers"]),
-        "num_hidden_layers": num_hidden_layers,
-        "block_size": block_size,
-        "mask_token_id": mask_token_id,
-        "target_layer_ids": list(target_layer_ids),
-        "num_anchors": num_anchors,
-        "enable_confidence_head": enable_confidence_head,
-        "markov_rank": markov_rank,
-        "tie_word_embeddings": False,
-        "layer_types": ["full_attention"] * num_hidden_layers,
-        "_attn_implementation": "flex_attention",
-    })
-    if enable_confidence_head:
-        cfg["confidence_head_with_markov"] = confidence_head_with_markov
-    if markov_rank > 0:
-        cfg["markov_head_type"] = "vanilla"
+    """The example's DeepSpec ``config.json``: :func:`deepspec_draft_config` of ``target_config`` without the keys
+    ``save_pretrained`` writes for the target's own weights (``transformers_version``, ``dtype``, ``torch_dtype``),
+    and the draft layers' ``intermediate_size`` when given."""
+    cfg = deepspec_draft_config({k: v for k, v in json.loads(json.dumps(target_config)).items()
+                                 if k not in ("transformers_version", "dtype", "torch_dtype")},
+                                num_hidden_layers=num_hidden_layers, target_layer_ids=target_layer_ids,
+                                block_size=block_size, mask_token_id=mask_token_id, markov_rank=markov_rank,
+                                confidence=enable_confidence_head, with_markov=confidence_head_with_markov,
+                                num_anchors=num_anchors)
     if intermediate_size is not None:
         cfg["intermediate_size"] = intermediate_size
     return cfg
@@ -104,11 +111,18 @@ def save_deepspec_step(run_dir: Path, step: int, config: dict, tensors: dict[str
     (step_dir / "train_config.py").write_text(train_config)
     torch.save({"optimizer": optimizer_state or {}, "next_micro_step": step, "world_size": 1},
                step_dir / "training_state.rank0.pt")
-    latest = run_dir / "step_latest"
+    link_step_latest(step_dir)
+    return step_dir
+
+
+def link_step_latest(step_dir: Path) -> None:
+    """Point ``step_latest`` beside ``step_dir`` at it (relative, replacing an older link), as DeepSpec's checkpoint
+    manager does last, after the step's files (``deepspec/utils/io.py`` ``safe_symlink``; DeepSpec's own link is
+    absolute, ``dsparkhub.layouts.deepspec_run`` reads both)."""
+    latest = step_dir.parent / "step_latest"
     if latest.is_symlink() or latest.exists():
         latest.unlink()
     latest.symlink_to(step_dir.name)
-    return step_dir
 
 
 # ---- tiny factories for tests --------------------------------------------------------------------------------

@@ -17,7 +17,9 @@ the shipped build in ``dsparkhub/data/example/`` is what every machine uses; see
 saves them in their real layouts (HF target folder; DeepSpec ``run/step_<N>/`` + ``step_latest``; z-lab DFlash folder)
 and measures τ with :class:`dsparkhub.verify.reference.engine.ReferenceEngine` (:func:`measure_example`).
 
-It never touches the network; the layout writers live in :mod:`dsparkhub.example.layouts`.
+Owns the recipe (:data:`EXAMPLE_RECIPE`), the losses and the training loops. Does not read the corpus or train the
+tokenizer (:mod:`dsparkhub.example.corpus`), build the drafters' batches (:mod:`dsparkhub.example.batches`) or
+define the layouts it saves in (:mod:`dsparkhub.example.layouts`). It never touches the network.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -33,16 +34,14 @@ import torch
 import torch.nn.functional as F
 
 from dsparkhub import __version__
-from dsparkhub.errors import DsparkhubError
-from dsparkhub.verify.reference.loading import drafter_config_of
-from dsparkhub.verify.reference.modeling import Drafter, count_parameters, target_features
+from dsparkhub.example.batches import anchor_blocks, regenerate, target_states
+from dsparkhub.example.corpus import (CHAT_TEMPLATE, EOS_ID, MASK_ID, PAD_ID, SPECIAL_TOKENS, heldout_prompts,
+                                      read_source, stdlib_modules, train_tokenizer)
 from dsparkhub.example.layouts import dflash_config_dict, dspark_config_dict, save_deepspec_step, save_safetensors
+from dsparkhub.verify.reference.loading import drafter_config_of
+from dsparkhub.verify.reference.modeling import Drafter, count_parameters
 
 __all__ = ["EXAMPLE_RECIPE", "SPECIAL_TOKENS", "train_example_into", "measure_example"]
-
-SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|mask|>"]  # ids 0, 1, 2
-EOS_ID, PAD_ID, MASK_ID = 0, 1, 2
-CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 # Everything that shapes the example, in one place (also written to info.json and train_config.py).
 EXAMPLE_RECIPE = {
@@ -62,34 +61,6 @@ EXAMPLE_RECIPE = {
                "loss_decay_gamma": 4.0, "ce_loss_alpha": 0.1, "l1_loss_alpha": 0.9},
     "eval": {"num_prompts": 16, "prompt_chars": 360, "max_new_tokens": 96, "ns": [3, 5, 7]},
 }
-
-
-# ---- building blocks ------------------------------------------------------------------------------------------
-
-
-def _stdlib_modules() -> list[Path]:
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in stdlib.glob("*.py") if p.is_file() and not p.name.startswith("_"))
-    if len(files) < 40:
-        raise DsparkhubError(f"found only {len(files)} top-level modules in {stdlib}; the example needs the "
-                             "Python standard library sources", path=stdlib)
-    return files
-
-
-def _read_source(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n")
-
-
-def _train_tokenizer(texts: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer)
-    return tok
 
 
 def _lr(step: int, total: int, base: float, warmup: int) -> float:
@@ -139,58 +110,13 @@ def _train_target(model, stream: torch.Tensor, r: dict, gen: torch.Generator, pr
     return losses
 
 
-@torch.no_grad()
-def _regenerate(model, stream: torch.Tensor, r: dict, gen: torch.Generator) -> torch.Tensor:
-    """The target's own greedy continuations of random training windows: [N, prompt_len + new_tokens] int64."""
-    from transformers import DynamicCache
-
-    n, plen, new, bs = r["num_prompts"], r["prompt_len"], r["new_tokens"], r["batch_size"]
-    starts = torch.randint(0, stream.numel() - plen - 1, (n,), generator=gen)
-    prompts = torch.stack([stream[s:s + plen] for s in starts.tolist()])
-    rows = []
-    for i in range(0, n, bs):
-        ids = prompts[i:i + bs]
-        cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        seqs = [ids]
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        for _ in range(new):
-            seqs.append(nxt)
-            out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        rows.append(torch.cat(seqs, dim=1))
-    return torch.cat(rows)
-
-
-@torch.no_grad()
-def _target_states(model, seqs: torch.Tensor, layer_ids: list[int], bs: int = 64):
-    feats, last = [], []
-    for i in range(0, seqs.shape[0], bs):
-        out = model(input_ids=seqs[i:i + bs], output_hidden_states=True)
-        feats.append(target_features(out.hidden_states, tuple(layer_ids)))
-        last.append(out.hidden_states[-1])
-    return torch.cat(feats), torch.cat(last)
-
-
-def _sample_anchors(valid: torch.Tensor, num: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSpec ``sample_anchor_positions``: ``num`` sorted random valid anchors per row, and a keep mask."""
-    bsz, n_cand = valid.shape
-    rand = torch.rand(bsz, n_cand, generator=gen)
-    rand = torch.where(valid, rand, torch.full_like(rand, 2.0))
-    order = rand.argsort(dim=1)[:, :num]
-    keep = torch.gather(valid, 1, order)
-    anchors = torch.where(keep, order, torch.zeros_like(order))
-    anchors, idx = anchors.sort(dim=1)
-    return anchors, torch.gather(keep, 1, idx)
-
-
 def _train_drafter(drafter: Drafter, seqs, feats, last_hidden, target_lm_head, prompt_len: int, r: dict,
                    gen: torch.Generator, *, anchor_first: bool, progress=None) -> tuple[list[float], dict]:
     """DeepSpec-style training over sampled anchor blocks; returns (losses, optimizer state).
 
     Anchor-first (DSpark): query ``[anchor, mask × (B-1)]`` at positions a..a+B-1, slot k predicts a+k+1.
     1+N (DFlash): query ``[anchor, mask × (B-1)]`` at a..a+B-1, slots 1..B-1 predict their own positions.
-    Either way the block attends to context positions < a and to itself (DeepSpec ``create_dspark_attention_mask``).
+    The blocks and their masks are :func:`dsparkhub.example.batches.anchor_blocks`.
     """
     bsz_all, seq_len = seqs.shape
     block = r["block_size"]
@@ -206,50 +132,33 @@ def _train_drafter(drafter: Drafter, seqs, feats, last_hidden, target_lm_head, p
     valid_row = (cand >= prompt_len)
     drafter.train()
     losses = []
-    offs = torch.arange(block)
     for step in range(r["steps"]):
         for g in opt.param_groups:
             g["lr"] = _lr(step, r["steps"], r["lr"], r["warmup"])
         rows = torch.randint(0, bsz_all, (r["batch_size"],), generator=gen)
         ids, ft, lh = seqs[rows], feats[rows], last_hidden[rows]
         bsz = ids.shape[0]
-        anchors, keep = _sample_anchors(valid_row.unsqueeze(0).expand(bsz, -1), num_anchors, gen)
-        na = anchors.shape[1]
-        qpos = (anchors.unsqueeze(-1) + offs).view(bsz, na * block)  # [B, na*block]
-        block_ids = torch.full((bsz, na, block), drafter.config.mask_token_id, dtype=torch.int64)
-        block_ids[:, :, 0] = torch.gather(ids, 1, anchors)
-        ctx_pos = torch.arange(seq_len).unsqueeze(0).expand(bsz, -1)
-        cache = drafter.context_kv(ft, ctx_pos)
-        q_block = torch.arange(na * block) // block
-        anchor_of_q = anchors[:, q_block]  # [B, Q]
-        ctx_ok = torch.arange(seq_len).view(1, 1, -1) < anchor_of_q.unsqueeze(-1)
-        blk_ok = (q_block.view(-1, 1) == q_block.view(1, -1)).unsqueeze(0).expand(bsz, -1, -1)
-        mask = torch.cat([ctx_ok, blk_ok], dim=-1) & keep[:, q_block].unsqueeze(-1)
-        mask[..., seq_len:] |= ~keep[:, q_block].unsqueeze(-1)  # dropped blocks still need one visible key
-        hidden = drafter.backbone(block_ids.view(bsz, -1), qpos, cache, mask.unsqueeze(1))
+        b = anchor_blocks(ids, valid_row, num_anchors, block, npred, drafter.config.mask_token_id, gen)
+        na = b.anchors.shape[1]
+        cache = drafter.context_kv(ft, b.context_positions)
+        hidden = drafter.backbone(b.block_ids, b.positions, cache, b.mask)
         hidden = hidden.view(bsz, na, block, -1)[:, :, first:first + npred]  # [B, na, npred, H]
-        label_pos = anchors.unsqueeze(-1) + torch.arange(1, npred + 1)  # [B, na, npred]
-        in_range = label_pos < seq_len
-        safe = label_pos.clamp(max=seq_len - 1)
-        labels = torch.gather(ids.unsqueeze(1).expand(-1, na, -1), 2, safe)
-        eval_mask = (in_range & keep.unsqueeze(-1)).to(torch.int64).cumprod(-1).bool()
         logits = drafter.base_logits(hidden)
-        prev = torch.cat([torch.gather(ids, 1, anchors).unsqueeze(-1), labels[..., :-1]], dim=-1)
         if drafter.markov_head is not None:
-            logits = logits + drafter.markov_bias(prev)
+            logits = logits + drafter.markov_bias(b.prev)
         tgt_h = torch.gather(lh.unsqueeze(1).expand(-1, na, -1, -1), 2,
-                             (safe - 1).unsqueeze(-1).expand(-1, -1, -1, lh.shape[-1]))
+                             (b.label_positions - 1).unsqueeze(-1).expand(-1, -1, -1, lh.shape[-1]))
         with torch.no_grad():
             tgt_p = torch.softmax(target_lm_head(tgt_h).float(), dim=-1)
-        w = eval_mask.float() * pos_w
+        w = b.eval_mask.float() * pos_w
         den = w.sum() + 1e-6
         logp = torch.log_softmax(logits.float(), dim=-1)
-        ce = -(torch.gather(logp, -1, labels.unsqueeze(-1)).squeeze(-1) * w).sum() / den
+        ce = -(torch.gather(logp, -1, b.labels.unsqueeze(-1)).squeeze(-1) * w).sum() / den
         l1_tok = (logp.exp() - tgt_p).abs().sum(-1)
         l1 = (l1_tok * w).sum() / den
         loss = r["ce_loss_alpha"] * ce + r["l1_loss_alpha"] * l1
         if drafter.confidence_head is not None:
-            conf = drafter.confidence_logit(hidden, prev)
+            conf = drafter.confidence_logit(hidden, b.prev)
             target_acc = (1.0 - 0.5 * l1_tok.detach()).clamp(0.0, 1.0)
             bce = F.binary_cross_entropy_with_logits(conf, target_acc, reduction="none")
             loss = loss + r["confidence_head_alpha"] * (bce * w).sum() / den
@@ -314,18 +223,18 @@ def train_example_into(out: Path, progress=None) -> None:
     try:
         # corpus + tokenizer
         t0 = time.perf_counter()
-        modules = _stdlib_modules()
+        modules = stdlib_modules()
         every = rec["corpus"]["holdout_every"]
         held = [m for i, m in enumerate(modules) if i % every == every // 2]
         train = [m for m in modules if m not in held]
         texts, total = [], 0
         for m in train:
-            text = _read_source(m)
+            text = read_source(m)
             if total + len(text) > rec["corpus"]["max_train_chars"]:
                 continue
             texts.append(text)
             total += len(text)
-        tok = _train_tokenizer(texts, rec["tokenizer"]["vocab_size"])
+        tok = train_tokenizer(texts, rec["tokenizer"]["vocab_size"])
         stream = torch.tensor([t for text in texts for t in tok.encode(text).ids + [EOS_ID]], dtype=torch.int64)
         timings["tokenizer_s"] = time.perf_counter() - t0
 
@@ -349,9 +258,9 @@ def train_example_into(out: Path, progress=None) -> None:
         say("regenerating the training data with the target")
         # regenerated data + target states
         t0 = time.perf_counter()
-        seqs = _regenerate(target, stream, rec["regen"], gen)
+        seqs = regenerate(target, stream, rec["regen"], gen)
         layer_ids = rec["dspark"]["target_layer_ids"]
-        feats, last_hidden = _target_states(target, seqs, layer_ids)
+        feats, last_hidden = target_states(target, seqs, layer_ids)
         timings["regenerate_s"] = time.perf_counter() - t0
         target_config = json.loads((target_dir / "config.json").read_text())
         lm_head = target.get_output_embeddings()
@@ -394,7 +303,7 @@ def train_example_into(out: Path, progress=None) -> None:
                            if not k.startswith(("embed_tokens.", "lm_head."))}, dflash_dir / "model.safetensors")
 
         # held-out prompts
-        prompts = _heldout_prompts(held, rec["eval"])
+        prompts = heldout_prompts(held, rec["eval"])
         with open(out / "prompts.jsonl", "w") as f:
             for p in prompts:
                 f.write(json.dumps({"prompt": p}) + "\n")
@@ -479,22 +388,3 @@ def measure_example(target_dir: Path, dspark_dir: Path, dflash_dir: Path, prompt
     return {"tau": tau, "per_position_acceptance_n7": per_pos, "lossless_greedy": lossless,
             "eval": {"num_prompts": len(prompts), "max_new_tokens": r["max_new_tokens"], "temperature": 0.0,
                      "engine": base_engine.version, "device": device}}
-
-
-def _heldout_prompts(held: list[Path], r: dict) -> list[str]:
-    """Code snippets from held-out modules: each starts at a ``def`` line and is cut at a line end."""
-    prompts: list[str] = []
-    for m in held:
-        text = _read_source(m)
-        idx = text.find("\ndef ", len(text) // 3)
-        if idx < 0:
-            idx = text.find("\n    def ")
-        if idx < 0:
-            continue
-        snippet = text[idx + 1: idx + 1 + r["prompt_chars"]]
-        snippet = snippet[: snippet.rfind("\n") + 1] if "\n" in snippet else snippet
-        if len(snippet) >= 60:
-            prompts.append(snippet)
-        if len(prompts) >= r["num_prompts"]:
-            break
-    return prompts

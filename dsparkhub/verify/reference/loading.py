@@ -26,7 +26,8 @@ from dsparkhub.layouts.deepspec_run import resolve_step_dir
 from dsparkhub.layouts.causality import vllm_causality
 from dsparkhub.layouts.reading import open_draft, spec_from_config
 from dsparkhub.layouts.spec import ANCHOR_FIRST, DraftSpec
-from dsparkhub.verify.reference.modeling import Drafter, DrafterConfig, LayerAttention
+from dsparkhub.verify.reference.drafter_config import DrafterConfig, LayerAttention
+from dsparkhub.verify.reference.modeling import Drafter
 
 __all__ = ["drafter_config_from_spec", "drafter_config_of", "resolve_layer_attention",
            "load_drafter"]
