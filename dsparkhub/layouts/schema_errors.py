@@ -27,7 +27,7 @@ from dsparkhub.errors import DsparkhubError
 S = typing.TypeVar("S")
 
 
-def check(data: Any, schema: type[S], *, what: str, path, error: type[DsparkhubError]) -> S:
+def check(data: Any, schema: type[S], *, what: str, path, error: type[DsparkhubError], hint: str | None = None) -> S:
     """``data`` converted to ``schema`` (strict types, unknown keys refused).
 
     Args:
@@ -36,6 +36,7 @@ def check(data: Any, schema: type[S], *, what: str, path, error: type[DsparkhubE
         what: what the file is, for messages (``"recipe"``, ``"target manifest"``).
         path: the file, for the error.
         error: the error class raised.
+        hint: the error's hint (how to fix the file), if any.
 
     Raises:
         error: the data breaks the schema; the message names the key path, what was expected and what was found.
@@ -43,7 +44,7 @@ def check(data: Any, schema: type[S], *, what: str, path, error: type[DsparkhubE
     try:
         return msgspec.convert(data, schema)
     except msgspec.ValidationError as exc:
-        raise error(describe(str(exc), data, schema, what), path=path) from None
+        raise error(describe(str(exc), data, schema, what), path=path, hint=hint) from None
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at (?P<keyin>`key` in )?`\$(?P<at>[^`]*)`)?$", re.S)

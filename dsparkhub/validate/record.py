@@ -39,6 +39,7 @@ from dsparkhub import __version__
 from dsparkhub.errors import CheckpointFormatError
 from dsparkhub.io.checkpoint import INDEX_NAME
 from dsparkhub.io.hashing import checkpoint_fingerprint
+from dsparkhub.layouts.schema_errors import check
 from dsparkhub.layouts.reading import OpenedDraft
 from dsparkhub.target import TargetSpec, public_name
 from dsparkhub.validate.report import Finding, ValidationReport
@@ -138,9 +139,6 @@ class ValidationRecord(msgspec.Struct, **_STRICT):
         """
         return self.base_pass(draft, target_source).report(str(draft), num_speculative_tokens=num_speculative_tokens,
                                                            engine=engine, deep=deep)
-
-
-_DECODE = msgspec.json.Decoder(ValidationRecord).decode
 
 
 def _template(text: str, source: str | None) -> str:
@@ -263,29 +261,24 @@ def read_record(folder: str | Path) -> ValidationRecord | None:
     """``folder/validation.json``, or None when absent.
 
     Raises:
-        CheckpointFormatError: not JSON, another schema, an unknown or missing key, a value of the wrong type (the
-            message names the file and msgspec's path to the key).
+        CheckpointFormatError: not JSON, another schema, an unknown or missing key, a value of the wrong type (one
+            parse; the schema's message is :func:`dsparkhub.layouts.schema_errors.check`'s: the key path, what was
+            expected and what was found).
     """
     path = Path(folder) / VALIDATION_FILE
     if not path.is_file():
         return None
-    raw = path.read_bytes()
+    hint = "re-validate with `dsparkhub validate DRAFT --target T --save`"
     try:
-        schema = msgspec.json.decode(raw).get("schema")
-    except (msgspec.DecodeError, AttributeError):
-        schema = None
+        data = msgspec.json.decode(path.read_bytes())
+    except msgspec.DecodeError as exc:
+        raise CheckpointFormatError(f"{VALIDATION_FILE} is not valid JSON ({str(exc)[:200]})", path=path,
+                                    hint=hint) from None
+    schema = data.get("schema") if isinstance(data, dict) else None
     if schema != SCHEMA:
-        try:
-            json.loads(raw)
-        except ValueError as exc:
-            raise CheckpointFormatError(f"{VALIDATION_FILE} is not valid JSON ({str(exc)[:200]})", path=path) from None
         raise CheckpointFormatError(f"{VALIDATION_FILE}: key `schema` must be {SCHEMA!r}, found {schema!r}",
-                                    path=path, hint="re-validate with `dsparkhub validate DRAFT --target T --save`")
-    try:
-        return _DECODE(raw)
-    except msgspec.ValidationError as exc:
-        raise CheckpointFormatError(f"{VALIDATION_FILE}: {exc}", path=path,
-                                    hint="re-validate with `dsparkhub validate DRAFT --target T --save`") from None
+                                    path=path, hint=hint)
+    return check(data, ValidationRecord, what=VALIDATION_FILE, path=path, error=CheckpointFormatError, hint=hint)
 
 
 def matching_record(d: OpenedDraft, t: TargetSpec | None, *,
