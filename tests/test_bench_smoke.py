@@ -74,6 +74,6 @@ def test_index_bench_prints_both_formats_beside_json_load(tmp_path):
     for label in ("save_pretrained (indent=2, sorted keys)", "compact"):
         assert re.search(rf"index {re.escape(label)} \([\d.]+ [KMG]?B\): [\d.]+ s wall / [\d.]+ s CPU, peak RSS "
                          rf"[\d.]+ [KMG]?B .*\| baseline: bare json.load of the same index: [\d.]+ s as a process", out)
-    floors = re.findall(r"start-up \(dsparkhub --version\) (\d+) ms, read index (\d+) ms, decode index (\d+) ms, "
-                        r"two shard headers (\d+) ms", out)
+    floors = re.findall(r"start-up \(dsparkhub --version\) (\d+) ms, read \+ decode index (\d+) ms, "
+                        r"embedding / LM-head shard headers (\d+) ms", out)
     assert len(floors) == 2 and all(int(f[0]) > 0 for f in floors), out  # the floor beside each figure

@@ -9,11 +9,11 @@ one tensor at a time. Paths are checked by ``dsparkhub.io.safety``; pickle weigh
 Does not: know about layouts (``dsparkhub.layouts.recipes``) or write anything (``dsparkhub.io.writer``).
 
 Measured (``scripts/bench.py index``, issue 18; 2-core machine, quiet, median of 5): ``validate`` against a
-208,215-tensor Kimi-K2.6-shaped target takes 0.60 s wall / 78 MB (index written by ``save_pretrained``, indent 2 +
-sorted keys) and 0.60 s / 77 MB (compact), beside a bare ``json.load`` of the same index as a process in 0.49 / 0.46 s
+208,215-tensor Kimi-K2.6-shaped target takes 0.57 s wall / 78 MB (index written by ``save_pretrained``, indent 2 +
+sorted keys) and 0.54 s / 77 MB (compact), beside a bare ``json.load`` of the same index as a process in 0.44 / 0.36 s
 in the same run. The benchmark prints the floor beside it: start-up (``dsparkhub --version``: interpreter, click, the
-CLI) 143-151 ms, reading the 23 MB index 21-25 ms, decoding it 207-212 ms (:func:`read_index`, msgspec typed; orjson
-measured within 10 %), the two shard headers holding the embedding and LM head 37-40 ms. A lazy scan of the index
+CLI) 132-152 ms, reading + decoding the 23 MB index 204-205 ms (:func:`read_index`, msgspec typed; orjson measured
+within 10 %), the shard headers holding the embedding and LM head 39 ms. A lazy scan of the index
 text that answers only the names validate needs (one regular-expression pass proving the whole map is a flat
 ``{name: shard}`` object, then ``bytes.find`` per name and per shard prefix) was built and measured at 160-190 ms on
 the same machine, no faster than the decode, and was not kept.

@@ -16,8 +16,9 @@ def check_target(d: OpenedDraft, t: TargetSpec, out: Collector) -> FinalLayer | 
     """Every rule of the drafter against its target that does not depend on the engine.
 
     Returns:
-        the facts of the engine-dependent final-layer rule (DSH304 / DSH313, applied by :func:`dsparkhub.validate.settings.
-        settings_findings`) when the ids include the target's last layer and none lies outside it; else None.
+        the facts of the engine-dependent final-layer rule (DSH304 / DSH313, applied by
+        :func:`dsparkhub.validate.settings.settings_findings`) when the ids include the target's last layer and none
+        lies outside it; else None.
     """
     spec = d.spec
     final = None
