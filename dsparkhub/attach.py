@@ -155,7 +155,7 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
         out: output folder; must not exist unless ``overwrite``.
         layout: force the drafter's layout instead of detecting it.
         link: ``"auto"`` (hard link, else symlink), ``"hardlink"``, ``"symlink"`` or ``"copy"``.
-        overwrite: replace an existing ``out`` (atomically).
+        overwrite: replace an existing ``out`` atomically, when dsparkhub wrote it and it holds nothing else.
         force: attach even when validation against the target reports errors.
         max_shard_bytes: cap of the new drafter shards (default 4 GiB).
 
@@ -334,7 +334,7 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
     Args:
         attached: the attached checkpoint folder.
         out: output folder (must not exist unless ``overwrite``).
-        overwrite: replace an existing ``out`` atomically.
+        overwrite: replace an existing ``out`` atomically, when dsparkhub wrote it and it holds nothing else.
 
     Returns:
         :class:`DetachResult`.

@@ -65,7 +65,7 @@ def attach_subfolder(draft: str | Path, target_dir: str | Path, out: str | Path,
         out: output folder; must not exist unless ``overwrite``.
         layout: force the drafter's layout instead of detecting it.
         link: ``"auto"`` (hard link, else symlink), ``"hardlink"``, ``"symlink"`` or ``"copy"``.
-        overwrite: replace an existing ``out`` (atomically).
+        overwrite: replace an existing ``out`` atomically, when dsparkhub wrote it and it holds nothing else.
         force: convert even when validation against the target reports errors.
         max_shard_bytes: cap of the drafter's shards.
 
