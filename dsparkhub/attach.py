@@ -47,8 +47,12 @@ from dsparkhub.validate import validate
 from dsparkhub.validate.report import validation_error
 from dsparkhub.io.writer import SourceBytes, background_flush, write_file, write_json, write_safetensors, write_shards
 from dsparkhub.io.output import atomic_output, refuse_overlap
+from dsparkhub.io.ownership import claim_output
 
 DRAFT_SHARD = "model-dspark-{k:05d}-of-{n:05d}.safetensors"
+#: what :func:`detach` writes beside the drafter's files: which command wrote the folder, from what, and its files
+#: (the marker that lets ``--overwrite`` replace it: :mod:`dsparkhub.io.ownership`)
+DETACH_RECORD = "dsparkhub_detach.json"
 #: target model types whose config vLLM reads ``dspark_*`` keys from (V4 DSpark, vLLM 0.32 / dspark-vllm overlay)
 V4_MODEL_TYPES = ("deepseek_v4", "deepseek_v41")
 LINK_MODES = ("auto", "hardlink", "symlink", "copy")
@@ -151,7 +155,7 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
         out: output folder; must not exist unless ``overwrite``.
         layout: force the drafter's layout instead of detecting it.
         link: ``"auto"`` (hard link, else symlink), ``"hardlink"``, ``"symlink"`` or ``"copy"``.
-        overwrite: replace an existing ``out`` (atomically).
+        overwrite: replace an existing ``out`` atomically, when dsparkhub wrote it and it holds nothing else.
         force: attach even when validation against the target reports errors.
         max_shard_bytes: cap of the new drafter shards (default 4 GiB).
 
@@ -167,14 +171,17 @@ def attach(draft: str | Path, target_dir: str | Path, out: str | Path, *, layout
             ``DSparkDeepseekV4ForCausalLM``, whose stages are V4 decoder layers with a bias-less [1, H + r]
             confidence head and ``hc_head_*`` (vllm/models/deepseek_v4/nvidia/dspark.py), so a Qwen3 / Gemma4
             drafter attached with ``force`` is written but cannot be loaded there.
-        OutputExistsError, CheckpointNotFoundError, CheckpointFormatError, LayoutError: see the readers / writer.
+        OutputExistsError / OutputNotWritableError: see :func:`dsparkhub.io.ownership.claim_output` (checked first).
+        CheckpointNotFoundError, CheckpointFormatError, LayoutError: see the readers / writer.
     """
     if link not in LINK_MODES:
         raise ConversionRefusedError(f"unknown link mode {link!r}; expected one of {LINK_MODES}")
     target_dir = Path(target_dir)
     out = Path(out)
+    refuse_overlap(out, {"drafter": draft, "target": target_dir})
+    claim_output(out, overwrite=overwrite)
     d = open_draft(draft, layout=layout)
-    refuse_overlap(out, {"drafter": draft, "drafter step": d.checkpoint.path, "target": target_dir})
+    refuse_overlap(out, {"drafter step": d.checkpoint.path})
     spec = d.spec
     # lazy: a 160 GB target's shard headers are parsed only where needed (embedding / LM head); names come from
     # its index
@@ -321,11 +328,13 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
     ``config.json`` bytes, files, tensor names and tensor bytes (embedding / LM-head copies that were left out are
     read back from the target's, which were byte-identical). Without it (a checkpoint DeepSeek shipped), OUT holds the
     attached ``config.json`` and the ``mtp.*`` tensors under their own names (the ``deepseek-v4`` recipe reads it).
+    Either way OUT also holds :data:`DETACH_RECORD` (which names the files written; ``--overwrite`` replaces only a
+    folder with such a marker and nothing else).
 
     Args:
         attached: the attached checkpoint folder.
         out: output folder (must not exist unless ``overwrite``).
-        overwrite: replace an existing ``out`` atomically.
+        overwrite: replace an existing ``out`` atomically, when dsparkhub wrote it and it holds nothing else.
 
     Returns:
         :class:`DetachResult`.
@@ -333,11 +342,14 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
     Raises:
         CheckpointFormatError: the attach record names tensors the checkpoint lacks.
         LayoutError: no ``mtp.*`` tensors and no record.
-        OutputExistsError: ``out`` exists (without ``overwrite``), or is, holds or lies in ``attached``.
+        OutputExistsError / OutputNotWritableError: ``out`` exists (without ``overwrite``), is not dsparkhub's to
+            replace or cannot be written (:func:`dsparkhub.io.ownership.claim_output`), or is, holds or lies in
+            ``attached``.
         CheckpointNotFoundError: see the reader.
     """
     attached = Path(attached)
     refuse_overlap(out, {"attached checkpoint": attached})
+    claim_output(out, overwrite=overwrite)
     ck = open_checkpoint(attached)
     record_path = attached / ATTACH_RECORD
     bytes_read = 0
@@ -353,6 +365,7 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
         with atomic_output(out, overwrite=overwrite) as tmp:
             files = write_shards(tmp, items, max_shard_bytes=DEFAULT_SHARD_BYTES)
             shutil.copyfile(attached / "config.json", tmp / "config.json")
+            _write_detach_record(tmp, attached, [*files, "config.json"], restored=False)
         return DetachResult(Path(out), files + ["config.json"], False, "deepseek-v4", sum(n for _, n, _ in items))
 
     rec = read_json(record_path, ATTACH_RECORD)
@@ -389,4 +402,15 @@ def detach(attached: str | Path, out: str | Path, *, overwrite: bool = False) ->
             (tmp / "config.json").write_text(drafter["config_text"])
         else:
             write_json(tmp / "config.json", drafter["config"])
+        written = [*files, *([INDEX_NAME] if drafter["files"].get("index") is not None else []), "config.json"]
+        _write_detach_record(tmp, attached, written, restored=True)
     return DetachResult(Path(out), sorted(files) + ["config.json"], True, drafter["layout"], bytes_read)
+
+
+def _write_detach_record(tmp: Path, attached: Path, files: list[str], *, restored: bool) -> None:
+    """:data:`DETACH_RECORD`: the attached checkpoint by folder name (no local path: the drafter may be pushed), the
+    files written and whether they are the recorded drafter restored; readers of the drafter ignore it."""
+    write_json(tmp / DETACH_RECORD, {
+        "tool": "dsparkhub", "version": __version__, "command": "detach",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "attached": attached.resolve().name, "restored": restored, "files": sorted(files)})

@@ -11,23 +11,31 @@ SGLang reads unchanged). Unlike the V4 form this works for any target family (Qw
 serves the same drafter with ``"model": "OUT/dspark"`` in ``--speculative-config`` (vLLM does not look for the
 subfolder itself). ``detach`` is not needed: ``OUT/dspark`` already is the standalone drafter.
 
+OUT also gets :data:`RECORD`, naming the target files placed there: the marker that lets ``--overwrite`` replace
+OUT (and only when it holds nothing else: :mod:`dsparkhub.io.ownership`).
+
 Does not: rewrite the target's ``config.json`` or index (the subfolder is found by its path alone).
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsparkhub import __version__
 from dsparkhub.attach import LINK_MODES, _place, _target_files
 from dsparkhub.convert import convert
 from dsparkhub.errors import ConversionRefusedError
-from dsparkhub.io.output import atomic_output, refuse_overlap
+from dsparkhub.io.output import atomic_output, refuse_overlap, write_json
+from dsparkhub.io.ownership import claim_output
 
 __all__ = ["SUBFOLDER", "SubfolderAttachResult", "attach_subfolder"]
 
 #: sglang 0.5.23 arg_groups/speculative_hook.py:622 (_DSPARK_DRAFT_SUBFOLDER)
 SUBFOLDER = "dspark"
+#: what OUT holds besides the target's files and dspark/: which command wrote it and the target files it placed
+RECORD = "dsparkhub_attach_subfolder.json"
 
 
 @dataclass
@@ -57,7 +65,7 @@ def attach_subfolder(draft: str | Path, target_dir: str | Path, out: str | Path,
         out: output folder; must not exist unless ``overwrite``.
         layout: force the drafter's layout instead of detecting it.
         link: ``"auto"`` (hard link, else symlink), ``"hardlink"``, ``"symlink"`` or ``"copy"``.
-        overwrite: replace an existing ``out`` (atomically).
+        overwrite: replace an existing ``out`` atomically, when dsparkhub wrote it and it holds nothing else.
         force: convert even when validation against the target reports errors.
         max_shard_bytes: cap of the drafter's shards.
 
@@ -67,16 +75,18 @@ def attach_subfolder(draft: str | Path, target_dir: str | Path, out: str | Path,
     Raises:
         ConversionRefusedError: unknown link mode, the target already has a ``dspark/`` subfolder, or hard-linking
             was required and failed.
-        ValidationFailedError, OutputExistsError, CheckpointNotFoundError, LayoutError: see :func:`convert`.
+        ValidationFailedError, OutputExistsError, OutputNotWritableError, CheckpointNotFoundError, LayoutError: see
+            :func:`convert`.
     """
     if link not in LINK_MODES:
         raise ConversionRefusedError(f"unknown link mode {link!r}; expected one of {LINK_MODES}")
     target_dir, out = Path(target_dir), Path(out)
+    refuse_overlap(out, {"drafter": draft, "target": target_dir})
+    claim_output(out, overwrite=overwrite)
     if (target_dir / SUBFOLDER).exists():
         raise ConversionRefusedError(f"the target already has a {SUBFOLDER}/ subfolder; attaching would mix two "
                                      "drafters", path=target_dir / SUBFOLDER,
                                      hint="attach into a target without one")
-    refuse_overlap(out, {"drafter": draft, "target": target_dir})
     linked: dict[str, str] = {}
     with atomic_output(out, overwrite=overwrite) as tmp:
         # the drafter first: a conversion refused against the target leaves nothing behind
@@ -85,5 +95,9 @@ def attach_subfolder(draft: str | Path, target_dir: str | Path, out: str | Path,
         for src in _target_files(target_dir):
             rel = src.relative_to(target_dir).as_posix()
             linked[rel] = _place(src, tmp / rel, link)
+        write_json(tmp / RECORD, {"tool": "dsparkhub", "version": __version__,
+                                  "command": "convert --attach-as dspark-subfolder",
+                                  "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                                  "target": target_dir.resolve().name, "files": linked})
     files = sorted(p.relative_to(out / SUBFOLDER).as_posix() for p in (out / SUBFOLDER).rglob("*") if p.is_file())
     return SubfolderAttachResult(out, linked, files, list(result.plan.draft.spec.notes))

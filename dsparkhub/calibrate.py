@@ -13,7 +13,8 @@ Order of a run (each step fails before the next, more expensive, one starts):
    ConfidenceRecorder`);
 4. the steps are split by prompt into a fit and a held-out split; temperatures are fitted on the fit split
    (:func:`~dsparkhub.verify.calibration.fit_sts`) and everything reported is measured on the held-out split;
-5. the sidecar is written atomically (temp file + rename); an existing one is replaced only with ``overwrite``.
+5. the sidecar is written atomically (temp file + rename); an existing one is replaced only with ``overwrite`` and
+   only when it is a sidecar (never a drafter's own file: :func:`dsparkhub.io.ownership.claim_output`).
 
 Sidecar keys. SGLang's (``DSparkStsCalibration``, ``dspark_sts.py`` lines 9-14; its msgspec decoder ignores other
 keys): ``temperatures`` [γ] (> 0), ``dataset`` (dataset names, comma-separated), ``num_samples`` (fit steps),
@@ -41,7 +42,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dsparkhub import __version__
-from dsparkhub.errors import DsparkhubError, OutputExistsError, ResultsError
+from dsparkhub.errors import DsparkhubError, ResultsError
+from dsparkhub.io.ownership import claim_output
 from dsparkhub.layouts.deepspec_run import resolve_step_dir
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.layouts.reading import open_draft
@@ -84,13 +86,12 @@ def write_sidecar(data: dict, path: str | Path, *, overwrite: bool = False) -> P
     """Write ``data`` as JSON atomically (temp file in the same folder, then rename).
 
     Raises:
-        OutputExistsError: ``path`` exists and ``overwrite`` is False.
+        OutputExistsError / OutputNotWritableError: ``path`` exists and ``overwrite`` is False, or is not a sidecar
+            (a drafter's ``config.json``, ...), or cannot be written (:func:`dsparkhub.io.ownership.claim_output`).
         CalibrationError: ``data`` would not load in SGLang (see :func:`sidecar_problems`).
     """
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise OutputExistsError("a calibration sidecar already exists", path=path,
-                                hint="pass --overwrite to replace it, or --out another path")
+    claim_output(path, overwrite=overwrite, kind="sidecar")
     problems = sidecar_problems(data)
     if problems:
         raise CalibrationError("refusing to write a sidecar SGLang cannot read: " + "; ".join(problems), path=path)
@@ -156,7 +157,7 @@ def run_calibration(draft: str | Path, target: str | Path, *, datasets=None, max
 
     Raises:
         CalibrationError: see :func:`check_drafter`; a dataset with fewer than 2 prompts with verify steps.
-        OutputExistsError: the sidecar exists and ``overwrite`` is False (checked before any model loads).
+        OutputExistsError / OutputNotWritableError: see :func:`write_sidecar` (checked before any model loads).
         ValidationFailedError / PromptFileError / VerifyError: as for ``dsparkhub verify``.
     """
     from tqdm import tqdm
@@ -166,9 +167,7 @@ def run_calibration(draft: str | Path, target: str | Path, *, datasets=None, max
     draft = resolve_step_dir(draft) if Path(draft).is_dir() else Path(draft)
     _, gamma = check_drafter(draft)
     out = Path(out) if out is not None else draft / STS_FILE
-    if out.exists() and not overwrite:
-        raise OutputExistsError("a calibration sidecar already exists", path=out,
-                                hint="pass --overwrite to replace it, or --out another path")
+    claim_output(out, overwrite=overwrite, kind="sidecar")
     if not 0.0 < fit_fraction < 1.0:
         raise CalibrationError(f"fit_fraction must be in (0, 1), found {fit_fraction}")
     check_torch_device(device)

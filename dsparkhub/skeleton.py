@@ -26,6 +26,7 @@ from dsparkhub.attach import dspark_config_keys
 from dsparkhub.io.checkpoint import INDEX_NAME
 from dsparkhub.io.header import DTYPE_BITS
 from dsparkhub.io.output import atomic_output, write_json
+from dsparkhub.io.ownership import claim_output
 from dsparkhub.layouts.families import expected_tensors
 from dsparkhub.layouts.manifests import ReleaseManifest, TargetManifest, get_manifest
 from dsparkhub.layouts.reading import open_draft
@@ -114,7 +115,7 @@ def write_skeleton(manifest: TargetManifest | str, out: str | Path, *, tiny: boo
         out: output folder (must not exist unless ``overwrite``).
         tiny: write the tiny-dimension version with random data (see :func:`tiny_manifest`) instead of a sparse
             real-size skeleton.
-        overwrite: replace an existing ``out`` atomically.
+        overwrite: replace an existing ``out`` atomically (only a folder dsparkhub wrote, holding nothing else).
         seed: random seed of the tiny version's values.
         with_drafter: also write the attached DSpark drafter the way DeepSeek ships it (:func:`v4_drafter_tensors`
             in ``drafter_defaults.stages`` extra shards, ``dspark_*`` keys in config.json).
@@ -125,8 +126,10 @@ def write_skeleton(manifest: TargetManifest | str, out: str | Path, *, tiny: boo
 
     Raises:
         ManifestError: unknown manifest or no tensor layout in it.
-        OutputExistsError: ``out`` exists and ``overwrite`` is False.
+        OutputExistsError / OutputNotWritableError: ``out`` exists and ``overwrite`` is False, or is not dsparkhub's
+            to replace, or cannot be written (:func:`dsparkhub.io.ownership.claim_output`).
     """
+    claim_output(out, overwrite=overwrite)  # before any work (atomic_output checks again before writing)
     m = manifest if isinstance(manifest, TargetManifest) else get_manifest(manifest)
     if isinstance(m, ReleaseManifest):  # a release names its target: that is the checkpoint to write
         m = get_manifest(m.target)

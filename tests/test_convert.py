@@ -113,9 +113,13 @@ def test_refuses_to_overwrite_and_overwrites_when_asked(tmp_path, run, target):
     convert(run, out, target)
     with pytest.raises(OutputExistsError):
         convert(run, out, target)
-    (out / "marker").write_text("old")
+    (out / "marker").write_text("old")  # a file dsparkhub did not write: the folder is no longer its to replace
+    with pytest.raises(OutputExistsError, match=r"1 file\(s\) dsparkhub did not write \(marker\)"):
+        convert(run, out, target, overwrite=True)
+    (out / "marker").unlink()
+    (out / "model.safetensors").write_bytes(b"old")  # its own files are replaced
     convert(run, out, target, overwrite=True)
-    assert not (out / "marker").exists() and (out / "model.safetensors").exists()
+    assert (out / "model.safetensors").stat().st_size > 3 and not (out / "marker").exists()
 
 
 def test_interrupted_conversion_leaves_no_output(tmp_path, run, target, monkeypatch):

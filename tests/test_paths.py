@@ -147,6 +147,8 @@ def test_convert_writes_nothing_outside_out(models, tmp_path):
 
 
 def test_overwriting_an_out_that_is_a_symlink_never_touches_its_target(models, tmp_path):
+    """A link to a folder dsparkhub did not write is refused (issue 29 item 1); a link to its own output is replaced
+    by the new folder, and the folder it led to is kept."""
     target, step = models
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -154,11 +156,19 @@ def test_overwriting_an_out_that_is_a_symlink_never_touches_its_target(models, t
     parent = tmp_path / "outputs"
     parent.mkdir()
     (parent / "out").symlink_to(elsewhere, target_is_directory=True)
-    r = CliRunner().invoke(main, ["convert", str(step), "--target", str(target), "--out", str(parent / "out"),
-                                  "--overwrite"])
+    args = ["convert", str(step), "--target", str(target), "--out", str(parent / "out"), "--overwrite"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and "not dsparkhub's to replace" in r.output and "precious.bin" in r.output, r.output
+    assert (parent / "out").is_symlink() and _listing(elsewhere) == {"precious.bin"}
+    (parent / "out").unlink()
+    mine = tmp_path / "mine"
+    assert CliRunner().invoke(main, [*args[:4], "--out", str(mine)]).exit_code == 0
+    before = _listing(mine)
+    (parent / "out").symlink_to(mine, target_is_directory=True)
+    r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     assert (elsewhere / "precious.bin").read_bytes() == b"weeks of training"
-    assert _listing(elsewhere) == {"precious.bin"}
+    assert _listing(mine) == before
     assert not (parent / "out").is_symlink() and (parent / "out" / "config.json").exists()
     assert _listing(parent) == {"out"}, "a moved-aside symlink was left behind"
 

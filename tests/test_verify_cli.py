@@ -267,10 +267,11 @@ def test_results_path_must_be_new_and_writable_before_running(setup, tmp_path):
     kwargs = dict(backend=backend, progress=False, validate_fn=no_validate,
                   settings=VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2]))
     existing = tmp_path / "old.json"
-    existing.write_text("{}")
+    old = '{"schema": "dsparkhub.verify.results/2"}'  # --overwrite replaces a results file only
+    existing.write_text(old)
     with pytest.raises(OutputExistsError, match="already exists") as err:
         runner.run_verify(draft, target, out=existing, **kwargs)
-    assert "--overwrite" in err.value.hint and existing.read_text() == "{}" and backend.calls == []
+    assert "--overwrite" in err.value.hint and existing.read_text() == old and backend.calls == []
     # /proc takes no new files, not even from root (a chmod-ed folder would not stop root)
     with pytest.raises(OutputNotWritableError, match="does not take new files"):
         runner.run_verify(draft, target, out=Path("/proc/dsparkhub-test/r.json"), **kwargs)
@@ -282,7 +283,7 @@ def test_results_path_must_be_new_and_writable_before_running(setup, tmp_path):
 def test_cli_verify_refuses_an_existing_results_file_unless_overwrite(setup, tmp_path, cli_fake):
     draft, target, prompts = setup
     out = tmp_path / "r.json"
-    out.write_text("{}")
+    out.write_text('{"schema": "dsparkhub.verify.results/2"}')
     args = ["verify", str(draft), "--target", str(target), "-n", "2", "--datasets", str(prompts), "--out", str(out),
             "--quiet"]
     res = CliRunner().invoke(main, args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from dsparkhub.cli.errors import handle_errors
+from dsparkhub.cli.options import OVERWRITE_HELP
 from dsparkhub.cli.render import echo_json, fmt_bytes
 
 
@@ -71,7 +72,7 @@ def manifests_show(name: str, as_json: bool) -> None:
 @click.option("--out", "out", required=True, type=click.Path(), help="Output folder.")
 @click.option("--tiny", is_flag=True, help="Tiny dimensions with random values instead of a real-size sparse file.")
 @click.option("--with-drafter", is_flag=True, help="DeepSeek-V4: also write the attached mtp.* drafter stages.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @handle_errors
 def skeleton(manifest: str, out: str, tiny: bool, with_drafter: bool, overwrite: bool) -> None:
     """Write a target checkpoint from a manifest: real names / shapes / dtypes / shards as sparse files."""

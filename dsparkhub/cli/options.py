@@ -49,6 +49,8 @@ def layout_name(param, value: str | None) -> str | None:
 
 ALLOW_PICKLE_HELP = ("When the only weights are .bin / .pt / .pth pickle files, read them with "
                       "torch.load(weights_only=True) (never a full unpickle) into a temporary safetensors copy.")
+OVERWRITE_HELP = ("Replace an existing output folder, atomically, when dsparkhub wrote it and it holds nothing else; "
+                  "any other folder is refused.")
 
 
 def pickle_source(path: str, allow_pickle: bool) -> str:

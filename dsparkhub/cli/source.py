@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from dsparkhub.cli.errors import fail, handle_errors
-from dsparkhub.cli.options import ALLOW_PICKLE_HELP, ByteSize, int_list, layout_name, pickle_source
+from dsparkhub.cli.options import ALLOW_PICKLE_HELP, OVERWRITE_HELP, ByteSize, int_list, layout_name, pickle_source
 from dsparkhub.cli.render import convert_bars, echo_json, fmt_bytes, print_plan, print_report, print_spec
 
 
@@ -81,11 +81,12 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.command()
 @click.argument("src", type=click.Path())
 @click.option("--target", help="Target: local HF folder, Hub repo id or manifest name (required unless --attach).")
-@click.option("--out", "out", required=True, type=click.Path(), help="Output folder (must not exist).")
+@click.option("--out", "out", required=True, type=click.Path(), help="Output folder (must not exist, unless "
+              "--overwrite and dsparkhub wrote it).")
 @click.option("--to", "to", default="vllm", show_default=True, callback=lambda ctx, param, v: layout_name(param, v),
               help="Output layout (a converters/ recipe name).")
 @click.option("--layout", help="Force the source layout instead of detecting it.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output folder (atomically).")
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @click.option("--force", is_flag=True, help="Convert even when validation against the target finds errors.")
 @click.option("--keep-embeddings", is_flag=True, help="Keep embed_tokens / lm_head copies even when identical "
               "to the target's.")
@@ -119,7 +120,13 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
     """Convert a trained drafter (DeepSpec step/run folder, ...) into a checkpoint vLLM 0.32 loads."""
     from dsparkhub.convert import PROVENANCE_FILE, convert as run_convert
     from dsparkhub.convert.plan import plan_conversion
+    from dsparkhub.io.output import refuse_overlap
+    from dsparkhub.io.ownership import claim_output
 
+    # OUT first, before anything is read, planned or printed: a refusal costs nothing (and names OUT)
+    local_target = attach_to or (target if target and Path(target).is_dir() else None)
+    refuse_overlap(out, {"drafter": src, "target": local_target})
+    claim_output(out, overwrite=overwrite)
     named, src = src, pickle_source(src, allow_pickle)
 
     if attach_to:
@@ -203,7 +210,7 @@ def _attach(src, target_dir, out, *, layout, link, overwrite, force, max_shard_s
 @click.command()
 @click.argument("attached", type=click.Path())
 @click.option("--out", "out", required=True, type=click.Path(), help="Output folder for the drafter.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output folder (atomically).")
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @handle_errors
 def detach(attached: str, out: str, overwrite: bool) -> None:
     """Extract the drafter of an attached (DeepSeek-V4-style) checkpoint into a standalone folder."""

@@ -39,7 +39,7 @@ from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progr
               help="Base URL of a server of the same target without a drafter (--backend vllm-serve / sglang-serve).")
 @click.option("--confidence-threshold", type=click.FloatRange(0.0, 1.0),
               help="Truncate drafts where the cumulative confidence drops below this (reference engine).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing results file --out.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing results file --out (only a results file).")
 @click.option("--concurrency", "concurrency", default="1", show_default=True, callback=int_list,
               help="Comma-separated requests in flight (e.g. 1,8,32); each is measured with and without the "
               "drafter (reference engine: batched decoding; vllm / vllm-serve: `vllm serve` driven by `vllm bench "
@@ -126,7 +126,7 @@ def _print_verify(results, draft, out, temperature, max_new_tokens) -> None:
 @click.option("--refine", is_flag=True, help="Refine SGLang's 41-point grid with a golden-section search.")
 @click.option("--device", help="Reference engine device (cpu, cuda).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Sidecar path (default DRAFT/dspark_sts.json).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing sidecar.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing sidecar (never a file of another kind).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @handle_errors
 def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature, seed, fit_fraction, min_samples,

@@ -29,7 +29,6 @@ from dsparkhub import __version__
 from dsparkhub.io.header import tensor_nbytes
 from dsparkhub.io.pickle_weights import pickle_weight_files
 from dsparkhub.layouts.deepspec_run import resolve_step_dir
-from dsparkhub.errors import OutputExistsError
 from dsparkhub.io.hashing import sha256_file, sha256_files
 from dsparkhub.layouts.writing import DERIVED_TENSORS
 from dsparkhub.layouts.reading import OpenedDraft
@@ -37,6 +36,7 @@ from dsparkhub.target import TargetSpec, target_repo_id
 from dsparkhub.verify.results.identity import target_fingerprint
 from dsparkhub.io.writer import SourceBytes, write_json, write_shards
 from dsparkhub.io.output import atomic_output, refuse_overlap
+from dsparkhub.io.ownership import claim_output
 from dsparkhub.convert.plan import CARRIED_FILES, ConversionPlan, ConversionResult, derived_nbytes, plan_conversion
 
 #: the provenance file a conversion writes beside the weights (read by ``dsparkhub.card`` and ``dsparkhub.hub.push``).
@@ -89,14 +89,15 @@ def check_output(out: str | Path, plan: ConversionPlan, *, src: str | Path, over
     is a run the real command accepts).
 
     Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is False, or ``out`` is, holds or lies in the source or
-            target folder (:func:`dsparkhub.io.output.refuse_overlap`).
+        OutputExistsError / OutputNotWritableError: ``out`` cannot be claimed
+            (:func:`dsparkhub.io.ownership.claim_output`: it exists without ``overwrite``, or is not dsparkhub's to
+            replace; it lies under a file, is the current folder, or its folder is read-only), or ``out`` is, holds
+            or lies in the source or target folder (:func:`dsparkhub.io.output.refuse_overlap`).
     """
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
     refuse_overlap(out, {"drafter": src, "drafter step": plan.draft.checkpoint.path, "pickle source": pickle_origin,
                          "target": plan.target.source if plan.target is not None and plan.target.local else None})
+    claim_output(out, overwrite=overwrite)
 
 
 def _target_record(t: TargetSpec, base_model: str | None) -> dict:
@@ -121,8 +122,8 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     Args:
         src, target, to, layout, force, keep_embeddings, allow_different_embeddings: as in :func:`plan_conversion`.
         out: output folder; must not exist unless ``overwrite``.
-        overwrite: replace an existing ``out`` (atomically: the old one is removed only after the new one is in
-            place).
+        overwrite: replace an existing ``out`` that dsparkhub wrote and that holds nothing else (atomically: the old
+            one is removed only after the new one is in place).
         max_shard_bytes: output shard cap (default: the largest tensor + 256 MiB).
         plan: a plan already made by :func:`plan_conversion` (skips planning).
         pickle_origin: the folder the user named when ``src`` is the temporary safetensors copy of its pickle
@@ -138,13 +139,13 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         :class:`ConversionResult`.
 
     Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is False (checked before any work), or ``out`` is, holds
-            or lies in the source or target folder (:func:`dsparkhub.io.output.refuse_overlap`).
+        OutputExistsError / OutputNotWritableError: see :func:`check_output` (checked before any work, and again
+            before the output is moved into place).
         everything :func:`plan_conversion` raises.
     """
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
+    refuse_overlap(out, {"drafter": src, "pickle source": pickle_origin})  # before planning: refusals cost nothing
+    claim_output(out, overwrite=overwrite)
     plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
                                    allow_different_embeddings=allow_different_embeddings)
     d = plan.draft

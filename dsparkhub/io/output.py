@@ -1,10 +1,15 @@
 """The output folder's life cycle: written in a temporary folder next to OUT, flushed to disk and renamed into place
 only when complete.
 
-Owns: :func:`atomic_output` (an existing OUT refused unless overwrite; a concurrent writer of the same OUT fails
-cleanly; leftovers of dead runs on this host removed), :func:`refuse_overlap` (OUT may not be or contain a folder
-being read), durable writes (:func:`background_flush`, :func:`write_json`) and the crash-safety test hook
-:func:`kill_point` that every write step calls.
+Owns: :func:`claim_output`, the one decision every command makes about an output path before any work (is it
+writable, and may an existing one be replaced: only what dsparkhub itself wrote, see :func:`not_ours`);
+:func:`atomic_output` (claims OUT; a concurrent writer of the same OUT fails cleanly; leftovers of dead runs on this
+host removed), :func:`refuse_overlap` (OUT may not be or contain a folder being read), durable writes
+(:func:`background_flush`, :func:`write_json`) and the crash-safety test hook :func:`kill_point` that every write
+step calls.
+
+Does not: know the commands' formats beyond the few names and keys that mark dsparkhub's own files (this module is a
+leaf below ``convert``, ``card`` and ``verify``; ``tests/test_output_safety.py`` checks the names against theirs).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dsparkhub.errors import OutputExistsError
+from dsparkhub.io.ownership import claim_output, not_ours, not_writable
 
 _KILL_COUNT = 0
 
@@ -52,24 +58,27 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
     """Yield a temporary folder that becomes ``out`` only if the block finishes without an exception.
 
     The temporary folder ``.<name>.tmp-<host>-<pid>-<random>`` lies next to ``out`` (same filesystem, so the final
-    rename is atomic). On any exception it is removed and ``out`` is untouched. With ``overwrite``, an existing
-    ``out`` is moved aside, replaced, then deleted. A run killed outright (SIGKILL, power cut) cannot clean up; the
-    next run for the same ``out`` on the same host removes the temporary folders whose process no longer exists.
+    rename is atomic). On any exception it is removed and ``out`` is untouched. ``out`` is first claimed with
+    :func:`~dsparkhub.io.ownership.claim_output`: with ``overwrite``, an existing ``out`` is replaced only when
+    dsparkhub wrote it and it holds nothing else (checked again before it is moved aside, then deleted). A run killed
+    outright (SIGKILL, power cut) cannot clean up; the next run for the same ``out`` on the same host removes the
+    temporary folders whose process no longer exists.
 
     Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is False (checked before and after the work), or another
-            run created ``out`` meanwhile.
+        OutputExistsError: ``out`` exists and ``overwrite`` is False (checked before and after the work), is not
+            dsparkhub's to replace, or another run created ``out`` meanwhile.
+        OutputNotWritableError: ``out`` is or holds the current folder, lies under a file, or its folder does not
+            take new folders.
     """
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise OutputExistsError("output folder already exists", path=out, hint="pass --overwrite to replace it")
-    if (out.exists() or out.is_symlink()) and not out.is_dir():
-        raise OutputExistsError("OUT exists and is not a folder; --overwrite replaces output folders only",
-                                path=out, hint="choose another OUT, or remove the file yourself")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_temps(out)
-    tmp = out.parent / f".{out.name}.tmp-{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
+    claim_output(out, overwrite=overwrite)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_temps(out)
+        tmp = out.parent / f".{out.name}.tmp-{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        tmp.mkdir()
+    except OSError as exc:
+        raise not_writable(out, out.parent, exc) from None
     try:
         try:
             yield tmp
@@ -86,6 +95,10 @@ def atomic_output(out: str | Path, *, overwrite: bool = False):
             if not overwrite:
                 raise OutputExistsError("output folder appeared while this run was writing (another run?)",
                                         path=out)
+            why = not_ours(out)  # files put into OUT while this run wrote are not ours to delete either
+            if why:
+                raise OutputExistsError(f"OUT changed while this run was writing and is no longer dsparkhub's to "
+                                        f"replace: {why}", path=out, hint="move those files away, then run again")
             old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
             os.rename(out, old)
             kill_point(f"moved the old {out.name} aside")

@@ -31,8 +31,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from dsparkhub.errors import (DsparkhubError, EngineUnavailableError, OutputExistsError,
-                              OutputNotWritableError, VerifyError)
+from dsparkhub.errors import DsparkhubError, EngineUnavailableError, VerifyError
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import public_name
 from dsparkhub.validate.record import validate_reusing
@@ -368,29 +367,18 @@ def refuse_dspark_without_gpu(method: str | None) -> None:
 def check_results_path(out: str | Path, *, overwrite: bool = False) -> None:
     """Make sure the results file can be written before a run of minutes (or hours) starts.
 
-    ``out`` must not exist unless ``overwrite``; its folder (or the nearest existing folder above it, where
-    ``save`` will create the rest) must take a new file: a temporary file is created there and removed.
+    ``out`` must not exist unless ``overwrite``, and then only as a results file (never a drafter's own file); its
+    folder (or the nearest existing folder above it, where ``save`` will create the rest) must take a new entry
+    (:func:`dsparkhub.io.ownership.claim_output`, which probes it).
 
     Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is False.
-        OutputNotWritableError: the folder does not take new files (read-only, no permission).
+        OutputExistsError: ``out`` exists and ``overwrite`` is False, or it is not a results file.
+        OutputNotWritableError: the folder does not take new files (read-only, no permission), or ``out`` is named
+            like a checkpoint's own file (``config.json``, ``*.safetensors``, ...).
     """
-    import tempfile
+    from dsparkhub.io.ownership import claim_output
 
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"results file {out} already exists", path=out,
-                                hint="pass --overwrite to replace it, or choose another --out")
-    folder = out.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        with tempfile.NamedTemporaryFile(prefix=f".{out.name}.", suffix=".probe", dir=folder or "."):
-            pass
-    except OSError as exc:
-        raise OutputNotWritableError(f"cannot write the results file {out}: {folder} does not take new files "
-                                     f"({exc.strerror or exc})", path=out,
-                                     hint="choose an --out in a folder you can write to") from None
+    claim_output(out, overwrite=overwrite, kind="results")
 
 
 def _set_threads(engine: Backend, threads: int | None) -> int | None:
