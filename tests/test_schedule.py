@@ -194,6 +194,17 @@ def test_step_costs_are_recorded_per_shape(engine):
     assert (3, None) in plain and all(w is None and d == 0.0 for (_, w), got in plain.items() for d, _ in got)
 
 
+def test_confidence_policies_on_a_drafter_without_head_are_refused_before_any_run(tiny_models):
+    from dsparkhub.verify.schedule import run_schedule
+
+    root, model = tiny_models
+    with pytest.raises(VerifyError, match="policies threshold:0.5, sps read the confidence head") as err:
+        run_schedule(root / "dflash", model, PROMPTS, policies=parse_policies("static,threshold:0.5,sps"),
+                     concurrencies=[1], law_ns=[], law_concurrencies=[], sts=None,
+                     progress=lambda line: pytest.fail(f"ran: {line}"))
+    assert "--policy static" in err.value.hint
+
+
 def test_a_budget_policy_without_costs_is_refused():
     with pytest.raises(VerifyError, match="needs measured step costs"):
         Scheduler(Policy("budget"), 4)

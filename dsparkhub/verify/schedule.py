@@ -122,7 +122,8 @@ def run_schedule(draft: str | Path, target: str | Path, prompts: list[list[int]]
         progress: called with a line of text before each run.
 
     Raises:
-        VerifyError: no prompts, a law n above γ, an STS sidecar that does not fit γ, or what the engine raises.
+        VerifyError: no prompts, a confidence policy for a drafter without a confidence head, a law n above γ, an STS
+            sidecar that does not fit γ, or what the engine raises.
     """
     from dsparkhub.verify.reference.engine import ReferenceEngine
 
@@ -133,6 +134,11 @@ def run_schedule(draft: str | Path, target: str | Path, prompts: list[list[int]]
     try:
         cfg = engine.drafter.config
         gamma = int(cfg.block_size or max(law_ns or [1]))
+        needs = [p.label for p in policies if p.needs_confidence]
+        if needs and engine.drafter.confidence_head is None:
+            raise VerifyError(f"policies {', '.join(needs)} read the confidence head, but the drafter has none "
+                              "(enable_confidence_head and confidence_head.* tensors)", path=draft,
+                              hint="run --policy static, or a DSpark drafter trained with a confidence head")
         if any(n > gamma or n < 1 for n in law_ns):
             raise VerifyError(f"latency-law n must be in 1 .. {gamma} (the block size), found {law_ns}")
         temps = read_temperatures(sts, gamma) if sts is not None else None
