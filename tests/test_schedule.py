@@ -349,3 +349,24 @@ def test_schedule_command_prints_both_tables_and_writes_the_sps_table(tiny_model
     assert table_problems(table) == [] and table["engine"].startswith("reference") and table["hardware"]
     again = CliRunner().invoke(main, args)
     assert again.exit_code != 0 and "an SPS table already exists" in again.output
+
+
+@pytest.mark.slow
+def test_the_example_drafter_end_to_end(example, tmp_path):
+    """The shipped DSpark drafter: every policy lossless with raw and calibrated confidences, the law's rows sane,
+    and the budget policies verifying fewer draft tokens than static."""
+    from dsparkhub.verify.schedule import schedule_release
+
+    sts = tmp_path / "sts.json"
+    sts.write_text(json.dumps({"temperatures": [1.8, 10.0, 8.9, 2.0, 4.5, 0.22, 0.18]}))  # the example's own fit
+    report, path = schedule_release(example.deepspec_run, example.target, datasets=[str(example.prompts)],
+                                    max_prompts=8, sps_out=tmp_path / SPS_FILE, policies=parse_policies(
+                                        "static,threshold:0.5,budget,sps"), concurrencies=[1, 4], law_ns=[3],
+                                    law_concurrencies=[4], sts=sts, max_new_tokens=24)
+    assert all(r.lossless for r in report.policies)
+    assert {(r.policy, r.confidences) for r in report.policies} >= {("budget", "sts"), ("sps", "raw")}
+    static = next(r for r in report.policies if r.policy == "static")
+    assert static.verified == 7.0 and min(r.verified for r in report.policies) < 7.0
+    (law,) = report.law
+    assert 0 < law.predicted < law.ceiling and 1.0 < law.tau <= 4.0
+    assert table_problems(json.loads(path.read_text())) == []

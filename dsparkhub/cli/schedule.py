@@ -28,8 +28,8 @@ def _int_list_or_none(ctx, param, value: str) -> list[int]:
 @click.command()
 @click.argument("draft", type=click.Path(exists=True))
 @click.option("--target", required=True, help="Target: HF folder (with tokenizer).")
-@click.option("--datasets", multiple=True, help="As for verify: PATH.jsonl, NAME=PATH, builtin, builtin:math|code|chat, "
-              "hub:owner/name[:file.jsonl]. Default: the built-in smoke set.")
+@click.option("--datasets", multiple=True, help="As for verify: PATH.jsonl, NAME=PATH, builtin, "
+              "builtin:math|code|chat, hub:owner/name[:file.jsonl]. Default: the built-in smoke set.")
 @click.option("--max-prompts", type=click.IntRange(min=1), help="Use at most this many prompts per dataset.")
 @click.option("--repeat-prompts", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run every prompt this many times (more steady steps at high concurrency).")
@@ -44,7 +44,7 @@ def _int_list_or_none(ctx, param, value: str) -> list[int]:
 @click.option("--law-concurrency", "law_concurrencies", default="1,8", show_default=True,
               callback=_int_list_or_none, help="Concurrencies of the latency-law table ('none' to skip).")
 @click.option("--sts", type=click.Path(exists=True, dir_okay=False),
-              help="STS sidecar (dsparkhub calibrate) : policies also run with calibrated confidences.")
+              help="STS sidecar (dsparkhub calibrate): policies also run with calibrated confidences.")
 @click.option("--sps-out", type=click.Path(dir_okay=False),
               help="SPS table path (default DRAFT/dspark_sps_table.json).")
 @click.option("--no-sps-table", is_flag=True, help="Do not write the SPS table.")

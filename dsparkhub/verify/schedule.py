@@ -184,7 +184,8 @@ def format_report(report: ScheduleReport) -> str:
         for r in report.law:
             note = f"{r.flag}: {r.note}" if r.flag else ""
             lines.append(f"{r.n:>3} {r.concurrency:>4} {r.t_target_s * 1e3:>8.2f} {r.t_draft_s * 1e3:>8.2f} "
-                         f"{r.t_verify_s * 1e3:>8.2f} {r.tau:>5.2f} {r.predicted:>8.2f}x {_spread(r.spread):>13} {r.ceiling:>6.2f}x "
+                         f"{r.t_verify_s * 1e3:>8.2f} {r.tau:>5.2f} {r.predicted:>8.2f}x {_spread(r.spread):>13} "
+                         f"{r.ceiling:>6.2f}x "
                          f"{r.measured:>7.2f}x  {note}".rstrip())
         lines.append("")
     if report.policies:

@@ -45,9 +45,9 @@ def build_table(tokens: list[int], steps_per_sec: list[float], *, engine: str, h
     Raises:
         VerifyError: the probes break SGLang's rules (see :func:`table_problems`).
     """
+    top = max_batch_tokens if max_batch_tokens is not None else (tokens[-1] if tokens else 0)
     data = {"sample_batch_tokens": [int(t) for t in tokens],
-            "sample_steps_per_sec": [float(s) for s in steps_per_sec],
-            "max_batch_tokens": int(max_batch_tokens if max_batch_tokens is not None else (tokens[-1] if tokens else 0)),
+            "sample_steps_per_sec": [float(s) for s in steps_per_sec], "max_batch_tokens": int(top),
             "format": FORMAT, "engine": engine, "hardware": hardware, "source": source,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     problems = table_problems(data)

@@ -24,7 +24,8 @@ an EOS or past ``max_new_tokens`` are counted as vLLM's scheduler counts them (a
 
 Batching (``run(..., concurrency=c)``, ragged) lives in ``dsparkhub.verify.reference.batching``; this module's loop is batch 1.
 Not done here: prompt-lookup or other draft methods; confidence-scheduled verification (vLLM's budgeter, SGLang's SPS
-scheduler) is ``dsparkhub.verify.reference.policies``, run batched; the optional ``confidence_threshold`` is a simple per-request truncation (see :meth:`ReferenceEngine.__init__`).
+scheduler) is ``dsparkhub.verify.reference.policies``, run batched; the optional ``confidence_threshold`` is a simple
+per-request truncation (see :meth:`ReferenceEngine.__init__`).
 """
 
 from __future__ import annotations
