@@ -34,7 +34,8 @@ MARKERS = {
 #: what dsparkhub writes into a drafter folder over a release's life (convert, validate --save, calibrate, card), as
 #: ``(folder, file name pattern)``; ``dspark/`` holds the same (``convert --attach-as dspark-subfolder``)
 OWN_FILES = (("", "config.json"), ("", "model.safetensors.index.json"), ("", "*.safetensors"),
-             ("", "validation.json"), ("", "dspark_sts.json"), ("", "mask_embedding.pt"), ("", "dsparkhub_*.json"),
+             ("", "validation.json"), ("", "dspark_sts.json"), ("", "dspark_sps_table.json"), ("", "mask_embedding.pt"),
+             ("", "dsparkhub_*.json"),
              ("assets", "*.png"))
 #: the last line of a README.md that ``dsparkhub card`` wrote (dsparkhub.card.CARD_MARKER)
 CARD_MARKER = "<!-- written by `dsparkhub card`: running it again replaces this file -->"
@@ -47,8 +48,12 @@ CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "*
 #: the file kinds :func:`claim_output` knows, with the words its messages use
 FILE_KINDS = {"results": "a results file of `dsparkhub verify` (a JSON object whose schema is "
                          f"{RESULTS_SCHEMA_PREFIX}N)",
-              "sidecar": "an STS calibration sidecar (a JSON object with `temperatures`)"}
-_EXAMPLE_NAMES = {"results": "results.json", "sidecar": "dspark_sts.json"}
+              "sidecar": "an STS calibration sidecar (a JSON object with `temperatures`)",
+              "sps_table": "an SGLang SPS cost table of `dsparkhub schedule` (a JSON object with "
+                           "`sample_steps_per_sec`)"}
+_EXAMPLE_NAMES = {"results": "results.json", "sidecar": "dspark_sts.json", "sps_table": "dspark_sps_table.json"}
+#: the JSON key that marks a file of each kind as dsparkhub's (results: the ``schema`` prefix, checked apart)
+_KIND_KEYS = {"sidecar": "temperatures", "sps_table": "sample_steps_per_sec"}
 _SHOWN = 4
 _MAX_JSON_BYTES = 64 << 20
 
@@ -140,7 +145,7 @@ def not_ours(path: str | Path, kind: str = "folder") -> str | None:
     if kind != "folder":
         data = _json(path)
         ok = (isinstance(data, dict) and (str(data.get("schema", "")).startswith(RESULTS_SCHEMA_PREFIX)
-                                          if kind == "results" else isinstance(data.get("temperatures"), list)))
+                                          if kind == "results" else isinstance(data.get(_KIND_KEYS[kind]), list)))
         return None if ok else f"expected {FILE_KINDS[kind]}, found {_describe(path)} that is not one"
     markers = [m for m in MARKERS if (path / m).is_file()]
     if not markers:

@@ -257,6 +257,10 @@ def _target_forward(engine, batch: _Batch, tokens: torch.Tensor, positions: torc
 
 def _plain_step(engine, batch: _Batch, active: list[_Request], temperature: float) -> None:
     dev = engine._device
+    costs = getattr(engine, "step_costs", None)
+    if costs is not None:
+        engine._sync()
+        t0 = time.perf_counter()
     tokens = torch.tensor([[r.pending] for r in active], device=dev)
     positions = torch.tensor([[r.pos] for r in active], device=dev)
     out = _target_forward(engine, batch, tokens, positions, hidden=False)
@@ -265,13 +269,27 @@ def _plain_step(engine, batch: _Batch, active: list[_Request], temperature: floa
         req.pending = engine._choose(out.logits[b, -1], temperature, req.gen)
         req.outputs.append(req.pending)
         req.pos += 1
+    if costs is not None:
+        engine._sync()
+        costs.record(len(active), None, 0.0, time.perf_counter() - t0)
 
 
 def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperature: float, counters: dict,
                accepted_per_pos: list[int]) -> None:
-    """Draft for every row at once, verify every row in one target forward, accept per row."""
+    """Draft for every row at once, verify every row in one target forward, accept per row.
+
+    With ``engine.scheduler`` set (a :class:`dsparkhub.verify.reference.policies.Scheduler`), every row drafts all
+    n positions and the scheduler picks each row's verify width from the block's confidence logits; with
+    ``engine.step_costs`` set, the step's draft and verify seconds are recorded per shape (rows x widest width).
+    """
     d = engine.drafter
     dev = engine._device
+    sched = getattr(engine, "scheduler", None)
+    costs = getattr(engine, "step_costs", None)
+    if costs is not None:
+        engine._sync()
+        t0 = time.perf_counter()
+    conf = [] if sched is not None and sched.policy.needs_confidence else None
     rows = len(active)
     anchors = torch.tensor([r.pending for r in active], device=dev)
     starts = torch.tensor([r.pos for r in active], device=dev)
@@ -299,6 +317,8 @@ def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperatur
         tok = d.to_target_ids(draft_ids)
         if engine.confidence_threshold is not None:
             survival = survival * torch.sigmoid(d.confidence_logit(hidden[:, i], prev))
+        if conf is not None:
+            conf.append(d.confidence_logit(hidden[:, i], prev))
         for b in range(rows):
             if stopped[b]:
                 continue
@@ -312,7 +332,14 @@ def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperatur
                 q[d.to_target_ids(torch.arange(probs.shape[1], device=dev))] = probs[b]
                 dists[b].append(q)
         prev = tok
+    if sched is not None:
+        widths = sched.widths(torch.stack(conf, 1) if conf is not None else torch.zeros(rows, n))
+        drafts = [x[:w] for x, w in zip(drafts, widths)]
+        dists = [x[:w] for x, w in zip(dists, widths)]
     k_max = max(len(x) for x in drafts)
+    if costs is not None:
+        engine._sync()
+        t1 = time.perf_counter()
     pad = d.config.mask_token_id
     tokens = torch.tensor([[r.pending] + x + [pad] * (k_max - len(x)) for r, x in zip(active, drafts)], device=dev)
     positions = starts.unsqueeze(1) + torch.arange(k_max + 1, device=dev).unsqueeze(0)
@@ -359,3 +386,6 @@ def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperatur
         req.pos += accepted[b] + 1
         req.pending = bonuses[b]
     batch.compact()
+    if costs is not None:
+        engine._sync()
+        costs.record(rows, k_max, t1 - t0, time.perf_counter() - t1, padded=rows * k_max - sum(map(len, drafts)))

@@ -23,8 +23,9 @@ tokens exclude the bonus, ``accepted_per_pos[k]`` counts steps accepting at leas
 an EOS or past ``max_new_tokens`` are counted as vLLM's scheduler counts them (accepted in that step) but not output.
 
 Batching (``run(..., concurrency=c)``, ragged) lives in ``dsparkhub.verify.reference.batching``; this module's loop is batch 1.
-Not done here: prompt-lookup or other draft methods, adaptive verification (vLLM's budgeter);
-the optional ``confidence_threshold`` is a simple per-request truncation (see :meth:`ReferenceEngine.__init__`).
+Not done here: prompt-lookup or other draft methods; confidence-scheduled verification (vLLM's budgeter, SGLang's SPS
+scheduler) is ``dsparkhub.verify.reference.policies``, run batched; the optional ``confidence_threshold`` is a simple
+per-request truncation (see :meth:`ReferenceEngine.__init__`).
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ class ReferenceEngine:
             eos_token_id = [eos_token_id]
         self.eos_ids: set[int] = set() if ignore_eos or eos_token_id is None else {int(e) for e in eos_token_id}
         self._warm = False
+        # confidence-scheduled verification and per-shape step costs (dsparkhub.verify.schedule sets them); either
+        # routes every run, concurrency 1 included, through batching.run_batched
+        self.scheduler = None  # a dsparkhub.verify.reference.policies.Scheduler
+        self.step_costs = None  # a dsparkhub.verify.costs.StepCosts
         # intra-op threads for the model size: small models run fastest on one (dsparkhub.torch_threads)
         self.threads = threads_for(max(sum(p.numel() for p in self.target.parameters()),
                                        count_parameters(drafter) if drafter is not None else 0), device=self._device)
@@ -206,7 +211,7 @@ class ReferenceEngine:
         if not self._warm and prompts:
             self._generate(prompts[0], n, min(4, max_new_tokens), 0.0, None, _Counters(accepted_per_pos=[0] * (n or 0)))
             self._warm = True
-        if concurrency != 1:
+        if concurrency != 1 or self.scheduler is not None or self.step_costs is not None:
             if recorder is not None:
                 raise VerifyError("recording confidences runs one request at a time (concurrency 1), found "
                                   f"concurrency {concurrency}")

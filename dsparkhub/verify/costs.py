@@ -1,0 +1,275 @@
+"""Step costs of the reference engine, measured per step shape, and the latency law that turns them into a speedup.
+
+DSpark's latency law: a speculative step of R requests costs ``T_draft(R) + T_verify(R, k)`` (k the verify width,
+the step verifying ``R · (k + 1)`` tokens on this padded engine) and yields τ tokens per request, so the time per
+token is ``L = (T_draft + T_verify) / τ``; the target alone pays ``T_target(R)`` per token. Predicted speedup
+``T_target · τ / (T_draft + T_verify)``; its *ceiling* is the same with every draft accepted (τ = n + 1).
+
+Two sources of costs, one record type (:class:`StepCosts`):
+
+- *recorded*: the engine's own decoding steps (``ReferenceEngine.step_costs``; ``batching`` times the draft part
+  and the verify part of every step, synchronised on GPU), keyed by (requests in the step, widest verify width;
+  width None = a plain target step);
+- *profiled*: :func:`profile_costs` times synthetic steps of every shape before a run, the way vLLM 0.34 profiles
+  its step-cost curves at start-up (``AdaptiveVerificationManager.batches_to_profile``, 5 replays per shape,
+  medians) — what the ``budget`` and ``sps`` policies size their budget from.
+
+Not here: running policies (``dsparkhub.verify.schedule``) or writing the SPS table (``dsparkhub.verify.sps_table``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from dsparkhub.errors import VerifyError
+
+__all__ = ["StepCosts", "profile_costs", "LawRow", "latency_law"]
+
+PROFILE_REPLAYS = 5  # vLLM 0.34 adaptive_verification._PROFILE_REPLAYS
+SHORTFALL = 0.85  # measured below this fraction of the predicted speedup: explained
+
+
+class StepCosts:
+    """Seconds of draft and verify per step shape (requests x verify width), medians on demand."""
+
+    def __init__(self):
+        self.samples: dict[tuple[int, int | None], list[tuple[float, float]]] = defaultdict(list)
+        self.padded = 0  # verify slots spent on padding (rows shorter than the widest)
+
+    def record(self, rows: int, width: int | None, draft_s: float, verify_s: float, *, padded: int = 0) -> None:
+        """One step: ``rows`` requests, widest verify width ``width`` (None: a target-alone step), seconds."""
+        self.samples[(rows, width)].append((draft_s, verify_s))
+        self.padded += padded
+
+    def clear(self) -> None:
+        """Forget every sample (between runs)."""
+        self.samples.clear()
+        self.padded = 0
+
+    def median(self, rows: int, width: int | None) -> tuple[float, float] | None:
+        """(median draft s, median verify s) of one shape; None when it never ran."""
+        got = self.samples.get((rows, width))
+        if not got:
+            return None
+        return statistics.median(d for d, _ in got), statistics.median(v for _, v in got)
+
+    def shapes(self) -> list[dict]:
+        """Every shape that ran: ``{requests, width, steps, draft_s, verify_s}`` (medians), sorted."""
+        out = []
+        for (rows, width), got in sorted(self.samples.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None
+                                                                              else kv[0][1])):
+            draft, verify = self.median(rows, width)
+            out.append({"requests": rows, "width": width, "steps": len(got), "draft_s": draft, "verify_s": verify})
+        return out
+
+    def draft_curve(self) -> list[tuple[int, float]]:
+        """(requests, median draft seconds) over the speculative shapes (drafting does not depend on the width)."""
+        by: dict[int, list[float]] = defaultdict(list)
+        for (rows, width), got in self.samples.items():
+            if width is not None:
+                by[rows].extend(d for d, _ in got)
+        return [(r, statistics.median(v)) for r, v in sorted(by.items())]
+
+    def verify_curve(self) -> list[tuple[int, float]]:
+        """(verified tokens ``R · (k + 1)``, median verify seconds); a target-alone step counts R tokens."""
+        by: dict[int, list[float]] = defaultdict(list)
+        for (rows, width), got in self.samples.items():
+            by[rows * ((width or 0) + 1)].extend(v for _, v in got)
+        return [(t, statistics.median(v)) for t, v in sorted(by.items())]
+
+    def sps_probes(self) -> tuple[list[int], list[float]]:
+        """SGLang's probes: batch tokens ``R · (k + 1)`` -> steps per second ``1 / median(draft + verify)``
+        (``dspark_sps_profiler.py``: one median per batch-token count), speculative shapes only.
+
+        Raises:
+            VerifyError: no speculative step was measured.
+        """
+        by: dict[int, list[float]] = defaultdict(list)
+        for (rows, width), got in self.samples.items():
+            if width is not None:
+                by[rows * (width + 1)].extend(d + v for d, v in got)
+        if not by:
+            raise VerifyError("no speculative step costs measured: nothing to build an SPS table from")
+        tokens = sorted(by)
+        return tokens, [1.0 / statistics.median(by[t]) for t in tokens]
+
+
+def profile_costs(engine, *, n: int, requests: list[int], context: int = 64, replays: int = PROFILE_REPLAYS,
+                  seed: int = 0) -> StepCosts:
+    """Time synthetic steps of every shape: draft n for R requests, verify R x (k + 1) for k = 0 .. n.
+
+    Each shape runs ``replays`` times over a prefilled context of ``context`` random tokens per request (the KV cache
+    is cropped back after each verify, so every replay sees the same context); one extra untimed run warms it up.
+
+    Args:
+        engine: a :class:`~dsparkhub.verify.reference.engine.ReferenceEngine` with a drafter.
+        n: drafted positions; requests: request counts R to profile; context: tokens of context per request.
+
+    Returns:
+        :class:`StepCosts` with ``(R, k)`` shapes (draft seconds on every one, the same draft timing per R).
+
+    Raises:
+        VerifyError: the engine has no drafter, or ``n`` / ``requests`` / ``context`` are not positive.
+    """
+    from transformers import DynamicCache
+
+    from dsparkhub.torch_threads import torch_threads
+    from dsparkhub.verify.reference.modeling import target_features
+
+    if engine.drafter is None:
+        raise VerifyError("profiling step costs needs a drafter")
+    if n < 1 or context < 1 or not requests or min(requests) < 1:
+        raise VerifyError(f"profile needs n >= 1, context >= 1 and request counts >= 1, found n={n}, "
+                          f"context={context}, requests={requests}")
+    d, dev = engine.drafter, engine._device
+    gen = torch.Generator().manual_seed(seed)
+    costs = StepCosts()
+    with torch_threads(engine.threads), torch.inference_mode():
+        for rows in sorted(set(requests)):
+            ids = torch.randint(3, engine._vocab, (rows, context + 1), generator=gen).to(dev)
+            cache = DynamicCache(config=engine.target.config)
+            out = engine.target(input_ids=ids[:, :context], past_key_values=cache, use_cache=True,
+                                output_hidden_states=True)
+            feats = target_features(out.hidden_states, d.config.target_layer_ids).to(d.fc.weight.dtype)
+            ctx = d.context_kv(feats, torch.arange(context, device=dev).unsqueeze(0).expand(rows, -1))
+            anchors = ids[:, context]
+            draft_s = _timed(engine, replays, lambda: _draft_block(d, anchors, n, context, ctx))
+            for k in range(n + 1):
+                tokens = ids[:, context:context + 1].expand(rows, k + 1).contiguous()
+
+                def verify():
+                    engine.target(input_ids=tokens, past_key_values=cache, use_cache=True, output_hidden_states=True)
+                    cache.crop(-(k + 1))
+
+                for v in _timed(engine, replays, verify):
+                    costs.record(rows, k, statistics.median(draft_s), v)
+    return costs
+
+
+def _draft_block(d, anchors: torch.Tensor, n: int, start: int, ctx) -> None:
+    """What a step drafts: the block forward, base logits, and per position the Markov bias and confidence."""
+    block, pos, first = d.block_query(anchors, n, torch.full_like(anchors, start))
+    hidden = d.backbone(block, pos, ctx)[:, first:first + n]
+    base = d.base_logits(hidden).float()
+    prev = anchors
+    for i in range(n):
+        logits = base[:, i] + d.markov_bias(prev).float() if d.markov_head is not None else base[:, i]
+        tok = d.to_target_ids(logits.argmax(-1))
+        if d.confidence_head is not None:
+            d.confidence_logit(hidden[:, i], prev)
+        prev = tok
+
+
+def _timed(engine, replays: int, fn) -> list[float]:
+    fn()  # warm-up
+    out = []
+    for _ in range(replays):
+        engine._sync()
+        t0 = time.perf_counter()
+        fn()
+        engine._sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+@dataclass
+class LawRow:
+    """The latency law for one (n, concurrency), beside the measured speedup.
+
+    Attributes:
+        n / concurrency: the configuration; t_target_s: target-alone step seconds at this concurrency;
+        t_draft_s / t_verify_s: speculative step seconds (medians of the run's own steps at this shape);
+        tau: 1 + sum of the measured per-position acceptance; predicted / ceiling: speedups by the law (ceiling:
+        every draft accepted); spread: the predicted speedup from the steps' quartiles (slow target with fast
+        speculative steps, and the reverse); measured: tokens/s ratio of the runs; flag: ``"above ceiling"``,
+        ``"shortfall"`` or ``""``; note: what the flag means here, for a shortfall the term that dominates the gap.
+    """
+
+    n: int
+    concurrency: int
+    t_target_s: float
+    t_draft_s: float
+    t_verify_s: float
+    tau: float
+    predicted: float
+    ceiling: float
+    spread: tuple[float, float]
+    measured: float
+    flag: str = ""
+    note: str = ""
+
+
+def latency_law(*, n: int, concurrency: int, base_costs: StepCosts, spec_costs: StepCosts, base_stats,
+                spec_stats) -> LawRow:
+    """Predicted vs measured speedup of one (n, concurrency) from two recorded runs.
+
+    Args:
+        base_costs / spec_costs: the :class:`StepCosts` recorded during the target-alone and the static-n run.
+        base_stats / spec_stats: their :class:`~dsparkhub.verify.stats.RunStats`.
+
+    Step times are the medians at ``concurrency`` requests (the steady state: steps with fewer requests, while
+    requests are admitted or the run drains, are left out). A measured speedup below 0.85 x the predicted one is a
+    shortfall, explained by the largest of: time outside the steps (prefill, admission, bookkeeping), steps at fewer
+    requests, or the step itself (drafting or verifying, whichever is larger) — each as its share of the
+    speculative run's wall time against the same share of the target-alone run.
+
+    Raises:
+        VerifyError: a run did not record a step of the steady shape.
+    """
+    base = base_costs.samples.get((concurrency, None))
+    spec = spec_costs.samples.get((concurrency, n))
+    if not base or not spec:
+        raise VerifyError(f"no steady steps recorded at concurrency {concurrency} (n={n}): run more prompts than "
+                          "the concurrency")
+    t_target = statistics.median(v for _, v in base)
+    t_draft, t_verify = spec_costs.median(concurrency, n)
+    tau = 1.0 + sum(spec_stats.per_position_acceptance)
+    step = t_draft + t_verify
+    predicted = t_target * tau / step
+    ceiling = t_target * (n + 1) / step
+    bq, sq = _quartiles([v for _, v in base]), _quartiles([d + v for d, v in spec])
+    spread = (bq[0] * tau / sq[1], bq[1] * tau / sq[0])
+    measured = spec_stats.tokens_per_s / base_stats.tokens_per_s if base_stats.tokens_per_s else 0.0
+    row = LawRow(n, concurrency, t_target, t_draft, t_verify, tau, predicted, ceiling, spread, measured)
+    if measured > ceiling:
+        row.flag = "above ceiling"
+        row.note = "faster than all drafts accepted would allow: the step timings do not describe this run"
+    elif measured < SHORTFALL * predicted and measured < spread[0]:
+        row.flag = "shortfall"
+        row.note = _shortfall_note(base_costs, spec_costs, base_stats, spec_stats, concurrency, n)
+    return row
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[2]
+
+
+def _shares(costs: StepCosts, stats, steady: tuple[int, int | None]) -> dict[str, float]:
+    """Shares of the run's wall time: steady steps, other steps, outside the steps."""
+    wall = stats.wall_s or 1.0
+    inside = {key: sum(d + v for d, v in got) for key, got in costs.samples.items()}
+    steady_s = inside.get(steady, 0.0)
+    other_s = sum(inside.values()) - steady_s
+    return {"steady": steady_s / wall, "other": other_s / wall, "outside": max(0.0, 1.0 - (steady_s + other_s) / wall)}
+
+
+def _shortfall_note(base_costs, spec_costs, base_stats, spec_stats, concurrency: int, n: int) -> str:
+    b = _shares(base_costs, base_stats, (concurrency, None))
+    s = _shares(spec_costs, spec_stats, (concurrency, n))
+    excess = {"outside": s["outside"] - b["outside"], "other": s["other"] - b["other"]}
+    term = max(excess, key=excess.get)
+    if excess[term] > 0.05:
+        what = ("time outside the steps (prefill, admission, bookkeeping)" if term == "outside" else
+                f"steps with fewer than {concurrency} requests (admission, the run's tail)")
+        return f"{what}: {s[term]:.0%} of the speculative run vs {b[term]:.0%} of the target alone"
+    t_draft, t_verify = spec_costs.median(concurrency, n)
+    part, share = ("drafting", t_draft) if t_draft > t_verify else ("verifying", t_verify)
+    return f"the step itself: {part} is {share / (t_draft + t_verify):.0%} of it"

@@ -1,0 +1,106 @@
+"""The SPS cost table SGLang 0.5.23's DSpark scheduler reads (``--speculative-dspark-sps-table-path``), from measured
+step costs, labelled with the engine and hardware they came from.
+
+Schema: SGLang 0.5.23 ``srt/speculative/dspark_components/dspark_sps.py`` ``SpsCostTable`` (lines 14-48):
+``sample_batch_tokens`` (strictly increasing ints >= 1: requests x verify tokens of a step), ``sample_steps_per_sec``
+(same length: decode steps per second at that size) and ``max_batch_tokens`` (>= the largest probe); SGLang looks a
+size up at the probe at or below it. ``benchmark/dspark_sps_profiler.py`` fills it with ``batch_tokens =
+requests x verify_num_draft_tokens`` and ``steps_per_sec = 1 / median(step time)``, one median per batch-token
+count (``_fit_sps_table``); :meth:`dsparkhub.verify.costs.StepCosts.sps_probes` measures the same on the reference
+engine. msgspec ignores unknown keys, so the labels ride along: ``format`` (``dsparkhub.sps/1``), ``engine``,
+``hardware``, ``source`` (what the costs were measured on) and ``created``.
+
+The file lives beside the release (default ``DRAFT/dspark_sps_table.json``), never inside the weights: the costs
+belong to one engine on one machine, not to the drafter. A table from the reference engine on a CPU prices that
+engine only; for a GPU server, SGLang's own ``dspark_sps_profiler`` is the source.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dsparkhub.errors import OutputExistsError, VerifyError
+
+__all__ = ["SPS_FILE", "FORMAT", "build_table", "table_problems", "write_table"]
+
+SPS_FILE = "dspark_sps_table.json"
+FORMAT = "dsparkhub.sps/1"
+
+
+def build_table(tokens: list[int], steps_per_sec: list[float], *, engine: str, hardware: str, source: str,
+                max_batch_tokens: int | None = None) -> dict:
+    """The table as a JSON-ready dict (SGLang's three keys first, then the labels).
+
+    Args:
+        tokens: batch tokens per probe (strictly increasing); steps_per_sec: decode steps per second per probe.
+        engine / hardware / source: labels (e.g. ``"dsparkhub reference (torch 2.13)"``, ``"cpu (2 threads)"``,
+            ``"profile: 64-token context, 5 replays"``).
+        max_batch_tokens: default the largest probe (SGLang's ``profile_sps_table``).
+
+    Raises:
+        VerifyError: the probes break SGLang's rules (see :func:`table_problems`).
+    """
+    top = max_batch_tokens if max_batch_tokens is not None else (tokens[-1] if tokens else 0)
+    data = {"sample_batch_tokens": [int(t) for t in tokens],
+            "sample_steps_per_sec": [float(s) for s in steps_per_sec], "max_batch_tokens": int(top),
+            "format": FORMAT, "engine": engine, "hardware": hardware, "source": source,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    problems = table_problems(data)
+    if problems:
+        raise VerifyError("the measured costs do not make an SPS table SGLang can read: " + "; ".join(problems))
+    return data
+
+
+def table_problems(data) -> list[str]:
+    """What SGLang 0.5.23's ``SpsCostTable`` (typed msgspec decode + ``__post_init__``) would refuse; [] if it loads."""
+    if not isinstance(data, dict):
+        return [f"expected a JSON object, found {type(data).__name__}"]
+    out = []
+    tokens, sps, top = data.get("sample_batch_tokens"), data.get("sample_steps_per_sec"), data.get("max_batch_tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                             for t in tokens):
+        out.append("`sample_batch_tokens` must be a non-empty list of integers")
+    elif tokens != sorted(set(tokens)):
+        out.append(f"`sample_batch_tokens` must be strictly increasing, found {tokens}")
+    if not isinstance(sps, list) or not all(isinstance(s, (int, float)) and not isinstance(s, bool)
+                                            and math.isfinite(s) for s in sps):
+        out.append("`sample_steps_per_sec` must be a list of finite numbers")
+    elif isinstance(tokens, list) and len(sps) != len(tokens):
+        out.append(f"`sample_steps_per_sec` has {len(sps)} entries for {len(tokens)} probes")
+    if not isinstance(top, int) or isinstance(top, bool):
+        out.append("`max_batch_tokens` must be an integer")
+    elif isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens) and top < max(tokens):
+        out.append(f"`max_batch_tokens` {top} is below the largest probe {max(tokens)}")
+    return out
+
+
+def write_table(data: dict, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write the table atomically (temp file beside it, then rename).
+
+    Raises:
+        OutputExistsError: ``path`` exists and ``overwrite`` is False.
+        VerifyError: ``data`` would not load in SGLang (:func:`table_problems`).
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise OutputExistsError("an SPS table already exists", path=path,
+                                hint="pass --overwrite to replace it, or --sps-out another path")
+    problems = table_problems(data)
+    if problems:
+        raise VerifyError("refusing to write an SPS table SGLang cannot read: " + "; ".join(problems), path=path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
