@@ -709,3 +709,27 @@ def test_ctrl_c_in_an_interleaved_repeat_keeps_every_configuration_with_its_fini
                           backend=InterruptedBackend(at=2), out=tmp_path / "none.json", progress=False,
                           validate_fn=no_validate)
     assert not (tmp_path / "none.json").exists()
+
+
+@pytest.mark.slow
+def test_end_to_end_nan_drafter_is_warned_about(example, tmp_path):
+    """The real reference engine on a NaN-poisoned copy of the converted example drafter: τ 1.00 and one warning."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from dsparkhub.convert import convert
+
+    torch.set_num_threads(1)
+    draft = tmp_path / "draft"
+    convert(example.dspark_step, draft, example.target)
+    tensors = load_file(str(draft / "model.safetensors"))
+    tensors = {k: torch.full_like(v, float("nan")) if v.dtype.is_floating_point else v for k, v in tensors.items()}
+    save_file(tensors, str(draft / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "results.json"
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(example.target), "-n", "2",
+                                    "--datasets", str(example.prompts), "--max-prompts", "2", "--max-new-tokens", "8",
+                                    "--repeats", "1", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "warning: no draft token was accepted at any position in every run" in res.output
+    r = read_results(out)
+    assert [x.tau for x in r.datasets[0].runs] == [1.0] and "no draft token" in r.warnings[-1]

@@ -123,8 +123,7 @@ class PushReport:
         plan: the plan the commit was built from.
         dry_run: True when nothing was written.
         validation: ``ValidationReport.to_dict()`` of the drafter (None if validation could not apply).
-        forced: True when a refusal (validation errors, a training layout, NaN / Inf in the weights, files naming
-            another drafter fingerprint) was overridden with ``force``; ``notes`` says which.
+        forced: True when ``force`` overrode a refusal (validation, training layout, NaN / Inf, fingerprints).
         commit_oid: the new commit (None for a dry run or an unchanged release).
         commit_url: its URL.
         bytes_uploaded: bytes actually sent (regular files + LFS objects the Hub did not have); 0 for dry runs.
@@ -334,11 +333,10 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             ``README.md`` was not written by dsparkhub and would be replaced or deleted without ``delete`` naming it.
         CheckpointNotFoundError: ``draft_dir`` is not a folder, or nothing is left to push after ``include`` /
             ``exclude``.
-        CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object; a ``*.safetensors`` header is
-            malformed; or (``force`` False) the weights hold NaN / Inf (each tensor named with its count).
-        ResultsError: ``force`` is False and ``README.md`` (its "Drafter fingerprint" lines), a results file or
-            ``dspark_sts.json`` names another drafter fingerprint than the folder's config and weights hash to
-            (one paragraph: which file says which, what the weights give, the fix).
+        CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object, a safetensors header is
+            malformed, or (no ``force``) the weights hold NaN / Inf (:func:`dsparkhub.hub.trust.check_bytes`).
+        ResultsError: (no ``force``) the card, a results file or ``dspark_sts.json`` names another drafter
+            fingerprint than the weights hash to.
     """
     draft_dir = Path(draft_dir)
     check_repo_id(repo_id)
