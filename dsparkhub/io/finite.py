@@ -9,9 +9,10 @@ all ones (IEEE 754; the OCP FP8 spec for ``F8_E4M3``, which has no Inf and one N
 and ``F8_E5M2``; ``F8_E8M0``'s NaN is ``0xFF``; the ``FNUZ`` formats' only NaN is ``0x80``). Integer, bool and
 sub-byte dtypes are not looked at.
 
-Cost: per 8 MiB chunk numpy's ``isfinite().all()`` (F16 / F32 / F64) or an ``and`` + ``max`` into a reused scratch
-buffer (BF16, FP8) takes 0.5-0.9 ms where sha256 takes ~5.5 ms; a chunk that has a hit is counted exactly once
-more. Does not: read files (the caller does), fix or report anything (the caller decides).
+Cost: numpy's ``isfinite().all()`` (F16 / F32 / F64) or an ``and`` + ``max`` into a reused scratch buffer (BF16,
+FP8) per chunk; a chunk with a hit is counted exactly once more. Measured on the 2-core dev machine: 28 ms per 128 MiB
+of BF16, 0.3x the 88 ms sha256 takes for the same bytes. Does not: read files (the caller does), fix or report
+anything (the caller decides).
 """
 
 from __future__ import annotations
