@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 
 import dsparkhub.hub.push as hub_mod
 from dsparkhub.cli import main
-from dsparkhub.errors import CheckpointNotFoundError, ConversionRefusedError, HubError, ValidationFailedError
+from dsparkhub.errors import (CheckpointFormatError, CheckpointNotFoundError, ConversionRefusedError, HubError,
+                              ResultsError, ValidationFailedError)
 from dsparkhub.hub.files import local_files
 from dsparkhub.hub.push import push
 from dsparkhub.hub.remote import check_remote, remote_checkpoint, remote_checkpoint_headers
@@ -714,3 +715,108 @@ def test_a_hand_written_readme_on_the_hub_is_not_replaced_silently(hub, tmp_path
     assert CARD_MARKER.encode() in hub.files("alice/hw")["README.md"]
     (draft / "README.md").write_text(f"# card, second version\n\n{CARD_MARKER}\n")
     assert push(draft, "alice/hw", endpoint=hub.url).committed  # a card dsparkhub wrote is replaced freely
+
+
+# ---- what is pushed describes the weights: no NaN / Inf, fingerprints agree ---------------------------------------
+
+
+def _converted_example(example, folder: Path) -> Path:
+    from dsparkhub.convert import convert
+
+    convert(example.dspark_step, folder, example.target)
+    return folder
+
+
+def _edit_weights(folder: Path, edit) -> str:
+    """Rewrite one floating-point tensor of ``model.safetensors`` with ``edit(tensor)``; returns its name."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = next(k for k, v in sorted(tensors.items()) if v.dtype.is_floating_point and v.numel() >= 8)
+    tensors[name] = edit(tensors[name].clone())
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return name
+
+
+def test_hash_and_scan_counts_nan_and_inf_per_tensor_in_the_one_read(tmp_path, monkeypatch):
+    """Every float dtype, elements split across chunks (a 5-byte chunk), the digests of the hash alone, one open."""
+    import dsparkhub.io.hashing as hashing
+
+    tensors, expected = {}, {}
+    g = torch.Generator().manual_seed(0)
+    for i, dtype in enumerate([torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e4m3fn,
+                               torch.float8_e5m2]):
+        t = torch.randn(101 + i, generator=g)
+        t[[3, 50, 100][: 1 + i % 3]] = float("nan")
+        if dtype is not torch.float8_e4m3fn:  # e4m3fn has no Inf (saturates to NaN)
+            t[7] = float("-inf")
+        tensors[f"w{i}"] = t.to(dtype)
+        expected[f"w{i}"] = int((~torch.isfinite(tensors[f"w{i}"].float())).sum())
+    tensors["odd"] = torch.ones(3, dtype=torch.bfloat16)  # leaves the next tensors' elements unaligned
+    tensors["ids"] = torch.tensor([-1, 2**31 - 1], dtype=torch.int32)  # integers are not looked at
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    (tmp_path / "config.json").write_text("{}")
+    opened = []
+    monkeypatch.setattr(hashing, "CHUNK", 5)
+    monkeypatch.setattr(hashing, "open", lambda p, *a, **k: opened.append(p) or open(p, *a, **k), raising=False)
+    hashes, found = hashing.hash_and_scan([path, tmp_path / "config.json"])
+    assert {x.tensor: x.count for x in found} == expected and all(x.file == str(path) for x in found)
+    w0 = next(x for x in found if x.tensor == "w0")
+    assert w0.numel == 101 and w0.dtype == "F32"
+    assert sorted(map(str, opened)) == sorted([str(path), str(tmp_path / "config.json")])  # read once each
+    assert hashes == {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in (path, tmp_path / "config.json")}
+
+
+def test_nan_corrupted_weights_are_refused_naming_the_tensor(local_hub, tmp_path, example):
+    draft = _converted_example(example, tmp_path / "draft")
+    push(draft, "alice/clean", endpoint=local_hub.url, target=str(example.target), dry_run=True)  # clean: fine
+
+    def poison(t):
+        t.view(-1)[:5] = float("nan")
+        t.view(-1)[5] = float("inf")
+        return t
+
+    name = _edit_weights(draft, poison)
+    local_hub.clear_requests()
+    with pytest.raises(CheckpointFormatError) as err:
+        push(draft, "alice/nan", endpoint=local_hub.url, target=str(example.target))
+    msg = str(err.value)
+    assert f"model.safetensors tensor `{name}`" in msg and "6 of " in msg and "NaN / Inf" in msg
+    assert "--force" in err.value.hint and local_hub.writes == []
+    report = push(draft, "alice/nan", endpoint=local_hub.url, target=str(example.target), force=True)
+    assert report.committed and report.forced and any("NaN / Inf" in n for n in report.notes)
+    assert "FORCED past NaN / Inf in the weights" in local_hub.commits("alice/nan")[0]["summary"]
+
+
+def test_weights_changed_after_verify_and_card_are_refused(local_hub, tmp_path, example):
+    """A real card and results file of these weights push; after the weights change, both are named with the
+    fingerprint they say and the one the weights hash to."""
+    from test_card import make_results
+
+    from dsparkhub.card.render import write_card
+    from dsparkhub.hub.trust import RESULTS_SCHEMA_PREFIX, fingerprint_claims
+    from dsparkhub.io.hashing import checkpoint_fingerprint
+    from dsparkhub.verify.results.schema import SCHEMA
+
+    assert SCHEMA.startswith(RESULTS_SCHEMA_PREFIX)
+    draft = _converted_example(example, tmp_path / "draft")
+    old = checkpoint_fingerprint(draft)
+    make_results(draft, draft / "results.json")
+    write_card(draft, [draft / "results.json"], repo_id="alice/tiny-dspark", base_model="alice/tiny-target")
+    claims = fingerprint_claims(local_files(draft))
+    assert claims == [("README.md", old), ("results.json", old)]  # the card's line as the template writes it
+    assert push(draft, "alice/tiny-dspark", endpoint=local_hub.url, target=str(example.target),
+                dry_run=True).plan.files
+
+    _edit_weights(draft, lambda t: t * 1.01)  # still finite: another drafter, measured by nobody
+    new = checkpoint_fingerprint(draft)
+    local_hub.clear_requests()
+    with pytest.raises(ResultsError) as err:
+        push(draft, "alice/tiny-dspark", endpoint=local_hub.url, target=str(example.target))
+    msg = str(err.value)
+    assert f"README.md says drafter fingerprint {old[:16]}" in msg
+    assert f"results.json says drafter fingerprint {old[:16]}" in msg
+    assert f"config.json + model.safetensors hash to fingerprint {new[:16]}" in msg
+    assert "dsparkhub verify" in err.value.hint and "dsparkhub card" in err.value.hint
+    assert "--force" in err.value.hint and local_hub.writes == []

@@ -18,7 +18,7 @@ from dsparkhub.errors import (EngineUnavailableError, LayoutError, LosslessMisma
 from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.verify import runner
 from dsparkhub.verify.results.reading import read_results
-from dsparkhub.verify.settings import VerifySettings
+from dsparkhub.verify.settings import LoadOptions, VerifyArgumentError, VerifySettings
 from dsparkhub.verify.stats import RunStats
 
 PROMPTS = [[3, 4, 5], [7, 1], [2, 2, 2, 2]]
@@ -468,13 +468,13 @@ def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
     assert "CPU reference engine" in (draft / "README.md").read_text()
 
 
-def test_prompts_longer_than_the_context_are_warned_about(setup):
+def test_prompts_longer_than_the_context_are_warned_about_when_allowed(setup):
     draft, target, prompts = setup
     lines: list[str] = []
     runner.run_verify(draft, target,
                       VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2], max_new_tokens=4,
-                                     max_model_len=5), backend=FakeBackend(), progress=False, validate_fn=no_validate,
-                      warn=lines.append)
+                                     max_model_len=5, allow_beyond_context=True), backend=FakeBackend(),
+                      progress=False, validate_fn=no_validate, warn=lines.append)
     assert any("exceed the context of 5 tokens" in line for line in lines), lines
     lines.clear()
     runner.run_verify(draft, target,
@@ -491,8 +491,8 @@ def test_warnings_are_stored_in_the_results_and_listed_on_the_card(setup, tmp_pa
     out = tmp_path / "results.json"
     r = runner.run_verify(draft, target,
                           VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2], max_new_tokens=4,
-                                         max_model_len=5), backend=FakeBackend(), progress=False,
-                          validate_fn=no_validate, out=out)  # no warn callback: the results keep them anyway
+                                         max_model_len=5, allow_beyond_context=True), backend=FakeBackend(),
+                          progress=False, validate_fn=no_validate, out=out)  # no warn callback: stored anyway
     assert len(r.warnings) == 1 and "exceed the context of 5 tokens" in r.warnings[0]
     assert not r.warnings[0].startswith("warning")
     assert read_results(out).warnings == r.warnings
@@ -504,7 +504,7 @@ def test_warnings_are_stored_in_the_results_and_listed_on_the_card(setup, tmp_pa
     card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
     assert card.exit_code == 0, card.output
     text = (draft / "README.md").read_text()
-    assert "Warnings printed when the run started" in text and "exceed the context of 5 tokens" in text
+    assert "Warnings `dsparkhub verify` printed" in text and "exceed the context of 5 tokens" in text
 
 
 def test_a_run_folder_is_measured_and_named_by_its_step(tmp_path):
@@ -556,3 +556,181 @@ def test_cli_verify_concurrency_out_of_reach_exit_2(setup):
     assert res.exit_code == 2 and "runs one request at a time, so --concurrency 8 is out of its reach" in res.output
     res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--concurrency", "0"])
     assert res.exit_code == 2 and "distinct positive integers" in res.output
+
+
+# ---- a broken drafter, a context overrun, Ctrl-C ----------------------------------------------------------------
+
+
+class DeadDrafter(FakeBackend):
+    """Drafts every step and has nothing accepted (what NaN weights give: τ 1.00, acceptance 0 / 0 / 0)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.accepted = {2: [0, 0], 3: [0, 0, 0]}
+
+
+def test_no_draft_token_accepted_is_warned_about_and_stored(setup, tmp_path):
+    draft, target, prompts = setup
+    lines: list[str] = []
+    out = tmp_path / "r.json"
+    res = runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2, 3],
+                                                          max_new_tokens=4),
+                            backend=DeadDrafter(), progress=False, validate_fn=no_validate, warn=lines.append, out=out)
+    assert [r.tau for r in res.datasets[0].runs] == [1.0, 1.0]
+    (line,) = lines
+    assert line.startswith("warning: no draft token was accepted at any position in every run (30 proposed")
+    assert "NaN / Inf" in line and read_results(out).warnings == [line.removeprefix("warning: ")]
+    lines.clear()
+    runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2, 3],
+                                                    max_new_tokens=4),
+                      backend=FakeBackend(), progress=False, validate_fn=no_validate, warn=lines.append)
+    assert lines == []  # a drafter that accepts something is not warned about
+
+
+def test_no_acceptance_names_only_the_dead_runs():
+    from dsparkhub.verify.results.derive import build_results, no_acceptance
+    from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings
+
+    out = [[1, 2, 3]]
+    good = RunStats(outputs=out, wall_s=1.0, num_drafts=2, num_draft_tokens=4, num_accepted_tokens=1,
+                    accepted_per_pos=[1, 0])
+    dead = RunStats(outputs=out, wall_s=1.0, num_drafts=2, num_draft_tokens=6, num_accepted_tokens=0,
+                    accepted_per_pos=[0, 0, 0])
+    res = build_results(engine=EngineInfo("reference", "x", "cpu"), method="dspark", target=ModelRef("t", None),
+                        drafter=ModelRef("d", None), runs=[("math", "m", RunStats(outputs=out, wall_s=2.0),
+                                                            {2: good, 3: dead})],
+                        settings=Settings(temperature=0.0, max_new_tokens=3, seed=0, num_speculative_tokens=[2, 3]))
+    assert no_acceptance(res).startswith("no draft token was accepted at any position in math n=3 (6 proposed")
+    res.datasets[0].runs[1] = res.datasets[0].runs[0]
+    assert no_acceptance(res) is None
+
+
+def test_the_card_lists_the_no_acceptance_warning(setup, tmp_path):
+    draft, target, prompts = setup
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg.update(target_layer_ids=[0], hidden_size=8, vocab_size=16)  # a config the card's recipes read
+    (draft / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "results.json"
+    runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2],
+                                                    max_new_tokens=4),
+                      backend=DeadDrafter(), progress=False, validate_fn=no_validate, out=out)
+    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
+    assert card.exit_code == 0, card.output
+    text = (draft / "README.md").read_text()
+    assert "Warnings `dsparkhub verify` printed:\n  - no draft token was accepted at any position in every run" in text
+
+
+def _target_with_context(path: Path, tokens: int) -> Path:
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": tokens}))
+    return path
+
+
+def test_max_new_tokens_beyond_the_context_is_refused_before_anything_loads(setup, tmp_path, monkeypatch):
+    draft, _, prompts = setup
+    target = _target_with_context(tmp_path / "ctx-target", 2048)
+    loaded = []
+    monkeypatch.setattr(runner, "make_backend", lambda name, **kw: loaded.append("engine") or FakeBackend())
+    monkeypatch.setattr(runner, "_validate", lambda *a, **k: loaded.append("validate"))
+    import dsparkhub.verify.prompts as prompt_mod
+
+    monkeypatch.setattr(prompt_mod, "load_datasets", lambda *a, **k: loaded.append("tokenizer") or [])
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--datasets", str(prompts),
+                                    "-n", "2", "--max-new-tokens", "100000000", "--quiet"])
+    assert res.exit_code == 2, res.output
+    assert "--max-new-tokens 100000000 plus the prompt exceeds the target's context of 2048 tokens" in res.output
+    assert "max_position_embeddings" in res.output and "--allow-beyond-context" in res.output
+    assert loaded == []  # refused before validation, tokenizer and engine
+
+
+def test_prompts_beyond_the_context_are_refused_unless_allowed(setup, tmp_path):
+    draft, _, prompts = setup
+    target = _target_with_context(tmp_path / "ctx-target", 6)  # prompts of 2-4 tokens + 4 new tokens
+    fake = FakeBackend()
+    settings = VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2], max_new_tokens=4)
+    with pytest.raises(VerifyArgumentError) as err:
+        runner.run_verify(draft, target, settings, backend=fake, progress=False, validate_fn=no_validate)
+    assert "2 prompt(s) of dataset 'ids' (longest 4 tokens) plus --max-new-tokens 4 exceed the target's context " \
+           "of 6 tokens" in str(err.value)
+    assert "at most 2" in err.value.hint and fake.calls == []
+    lines: list[str] = []
+    from dataclasses import replace
+
+    runner.run_verify(draft, target, replace(settings, allow_beyond_context=True), backend=fake, progress=False,
+                      validate_fn=no_validate, warn=lines.append)
+    assert fake.calls and any("exceed the context of 6 tokens" in line for line in lines)
+
+
+class InterruptedBackend(FakeBackend):
+    """Ctrl-C arrives while the ``at``-th call runs (1-based)."""
+
+    def __init__(self, at: int, interleaves: bool = False):
+        super().__init__()
+        self.at, self.interleaves = at, interleaves
+
+    def run(self, prompts, **kwargs):
+        if len(self.calls) + 1 == self.at:
+            self.calls.append("interrupted")
+            raise KeyboardInterrupt
+        return super().run(prompts, **kwargs)
+
+
+def test_ctrl_c_keeps_the_configurations_already_measured(setup, tmp_path, cli_fake):
+    draft, target, prompts = setup
+    cli_fake["backend"] = InterruptedBackend(at=3)  # baseline, n=2 measured; Ctrl-C during n=3
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "-n", "2,3", "--repeats", "1",
+                                    "--datasets", str(prompts), "--max-new-tokens", "4", "--out", str(out),
+                                    "--quiet"])
+    assert res.exit_code == 130, res.output
+    assert "measured before Ctrl-C were written to" in res.output and str(out) in res.output.replace("\n", "")
+    partial = read_results(out)
+    assert [r.num_speculative_tokens for r in partial.datasets[0].runs] == [2]
+    assert partial.datasets[0].run(2).tau == pytest.approx(2.5)
+    assert partial.incomplete[0] == "stopped at ids n=3, concurrency 1, repeat 1: interrupted (Ctrl-C)"
+    assert "not measured: n=3 @ concurrency 1" in partial.incomplete[1] and cli_fake["backend"].closed
+
+
+def test_ctrl_c_in_an_interleaved_repeat_keeps_every_configuration_with_its_finished_repeats(setup, tmp_path):
+    draft, target, prompts = setup
+    fake = InterruptedBackend(at=5, interleaves=True)  # repeat 1: baseline, n=2, n=3; repeat 2: baseline, Ctrl-C
+    out = tmp_path / "r.json"
+    with pytest.raises(KeyboardInterrupt) as err:
+        runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2, 3],
+                                                        max_new_tokens=4, load=LoadOptions(repeats=2)),
+                          backend=fake, out=out, progress=False, validate_fn=no_validate)
+    assert err.value.partial_results == out
+    partial = read_results(out)
+    assert [(r.num_speculative_tokens, len(r.tokens_per_s_repeats)) for r in partial.datasets[0].runs] == \
+        [(2, 1), (3, 1)]
+    assert partial.incomplete == ["stopped at ids n=2, concurrency 1, repeat 2: interrupted (Ctrl-C)",
+                                  "dataset ids @ concurrency 1: 1 of 2 repeat(s) measured"]
+    with pytest.raises(KeyboardInterrupt):  # nothing with the drafter measured: no file
+        runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2]),
+                          backend=InterruptedBackend(at=2), out=tmp_path / "none.json", progress=False,
+                          validate_fn=no_validate)
+    assert not (tmp_path / "none.json").exists()
+
+
+@pytest.mark.slow
+def test_end_to_end_nan_drafter_is_warned_about(example, tmp_path):
+    """The real reference engine on a NaN-poisoned copy of the converted example drafter: τ 1.00 and one warning."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from dsparkhub.convert import convert
+
+    torch.set_num_threads(1)
+    draft = tmp_path / "draft"
+    convert(example.dspark_step, draft, example.target)
+    tensors = load_file(str(draft / "model.safetensors"))
+    tensors = {k: torch.full_like(v, float("nan")) if v.dtype.is_floating_point else v for k, v in tensors.items()}
+    save_file(tensors, str(draft / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "results.json"
+    res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(example.target), "-n", "2",
+                                    "--datasets", str(example.prompts), "--max-prompts", "2", "--max-new-tokens", "8",
+                                    "--repeats", "1", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "warning: no draft token was accepted at any position in every run" in res.output
+    r = read_results(out)
+    assert [x.tau for x in r.datasets[0].runs] == [1.0] and "no draft token" in r.warnings[-1]

@@ -40,6 +40,8 @@ from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progr
 @click.option("--confidence-threshold", type=click.FloatRange(0.0, 1.0),
               help="Truncate drafts where the cumulative confidence drops below this (reference engine).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing results file --out (only a results file).")
+@click.option("--allow-beyond-context", is_flag=True, help="Measure even when a prompt plus --max-new-tokens "
+              "exceeds the target's context (--max-model-len, else max_position_embeddings); refused otherwise.")
 @click.option("--concurrency", "concurrency", default="1", show_default=True, callback=int_list,
               help="Comma-separated requests in flight (e.g. 1,8,32); each is measured with and without the "
               "drafter (reference engine: batched decoding; vllm / vllm-serve: `vllm serve` driven by `vllm bench "
@@ -61,10 +63,10 @@ from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progr
 @handle_errors
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
            device, tp, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
-           overwrite, concurrency, repeats, threads, adaptive_verification, speculative_options,
-           lossless_at_block_size, quiet) -> None:
+           overwrite, allow_beyond_context, concurrency, repeats, threads, adaptive_verification,
+           speculative_options, lossless_at_block_size, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
-    lossless failure or when the engine refuses."""
+    lossless failure or when the engine refuses; Ctrl-C keeps the configurations measured so far in --out."""
     from dsparkhub.verify.runner import run_verify
     from dsparkhub.verify.settings import LoadOptions, VerifyArgumentError, VerifySettings
     from dsparkhub.verify.spec_options import SpecOptionError, parse_speculative_options, run_verify_arms
@@ -81,9 +83,15 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
                 temperature=temperature, seed=seed, max_prompts=max_prompts, method=method, device=device,
                 tensor_parallel_size=tp, max_model_len=max_model_len, compilation_config=compilation_config,
                 confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url,
-                load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats, intra_op_threads=threads)),
+                load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats, intra_op_threads=threads),
+                allow_beyond_context=allow_beyond_context),
             backend=backend, out=out, overwrite=overwrite, progress=not quiet,
             raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
+    except KeyboardInterrupt as exc:
+        if getattr(exc, "partial_results", None):  # set by run_verify once the measured part is saved
+            click.echo(f"\nthe configurations measured before Ctrl-C were written to {exc.partial_results} "
+                       "(marked `incomplete`)", err=True)
+        raise
     except (VerifyArgumentError, SpecOptionError) as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
     for path, results in arms:  # one results file per adaptive-verification arm (dsparkhub.verify.spec_options)

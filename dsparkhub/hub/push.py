@@ -10,6 +10,10 @@ hint (:mod:`dsparkhub.hub.errors`). The token comes from the ``token`` argument,
 login, and is kept out of every message, commit text and report (:func:`dsparkhub.secrets.redact`). Which files go
 is :mod:`dsparkhub.hub.files`; what is on the Hub, :mod:`dsparkhub.hub.remote`.
 
+What is pushed is trusted only as far as the bytes go: the pass that hashes every file also counts NaN / Inf in the
+weights, and the card, results files and calibration sidecar must name the fingerprint those hashes give
+(:mod:`dsparkhub.hub.trust`); either refusal is overridden only by ``force``, which the commit message records.
+
 Does not: validate (``dsparkhub.validate``, called by :func:`_run_validation`, which reuses a matching
 ``validation.json``), write cards (``dsparkhub.card``),
 print (``dsparkhub.cli``).
@@ -36,7 +40,8 @@ from dsparkhub.convert import PROVENANCE_FILE
 from dsparkhub.hub.errors import HUB_ERRORS, hub_error, is_upload_failure, redactor
 from dsparkhub.hub.files import NEVER_DELETE, README, deletions, local_files, select_files
 from dsparkhub.hub.remote import check_remote, guard_readme, lfs_objects_present, remote_state, same_file
-from dsparkhub.io.hashing import checkpoint_fingerprint, sha256_files
+from dsparkhub.hub.trust import check_bytes
+from dsparkhub.io.hashing import hash_and_scan
 from dsparkhub.repo_ids import check_repo_id
 from dsparkhub.validate.report import validation_error
 from dsparkhub.validate.record import VALIDATION_FILE
@@ -118,7 +123,7 @@ class PushReport:
         plan: the plan the commit was built from.
         dry_run: True when nothing was written.
         validation: ``ValidationReport.to_dict()`` of the drafter (None if validation could not apply).
-        forced: True when validation errors were overridden with ``force``.
+        forced: True when ``force`` overrode a refusal (validation, training layout, NaN / Inf, fingerprints).
         commit_oid: the new commit (None for a dry run or an unchanged release).
         commit_url: its URL.
         bytes_uploaded: bytes actually sent (regular files + LFS objects the Hub did not have); 0 for dry runs.
@@ -214,12 +219,12 @@ def _validation_gate(draft_dir: Path, target: str | None, endpoint: str | None, 
 
 
 def _commit_text(plan: PushPlan, files: dict[str, Path], hashes: dict[str, str], provenance: dict | None,
-                 validation, forced: bool, fingerprint: str | None, redactor, message: str | None = None,
+                 validation, forced: list[str], fingerprint: str | None, redactor, message: str | None = None,
                  description: str | None = None) -> tuple[str, str]:
     added, changed, deleted = (len(plan.by_action(a)) for a in ("add", "change", "delete"))
     summary = message or f"dsparkhub push: {added} added, {changed} changed, {deleted} deleted"
     if forced:
-        summary += " (FORCED past validation errors)"
+        summary += f" (FORCED past {' and '.join(forced)})"
     lines = ([description, ""] if description else []) + [f"Pushed with dsparkhub {__version__}.", ""]
     if fingerprint:
         lines.append(f"drafter fingerprint (sha256 of config + weights hashes): {fingerprint}")
@@ -293,7 +298,8 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         revision: branch to push to (default ``main``); created from ``main`` when missing.
         private: create the repo private (ignored, with a note, when the repo exists).
         dry_run: plan only; sends GET / HEAD requests and nothing else.
-        force: push even when validation finds errors (recorded in the commit message).
+        force: push even when validation finds errors, the weights hold NaN / Inf, or the card / results name
+            another drafter fingerprint (each recorded in the commit message and ``report.notes``).
         token: Hub token; default ``HF_TOKEN`` or the huggingface_hub login. Never shown or stored.
         endpoint: Hub URL (default huggingface_hub's, i.e. ``HF_ENDPOINT`` or https://huggingface.co).
         target: the target to validate against (folder, Hub repo id); None lets ``validate`` check the drafter alone.
@@ -327,7 +333,10 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             ``README.md`` was not written by dsparkhub and would be replaced or deleted without ``delete`` naming it.
         CheckpointNotFoundError: ``draft_dir`` is not a folder, or nothing is left to push after ``include`` /
             ``exclude``.
-        CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object.
+        CheckpointFormatError: ``dsparkhub_provenance.json`` is not a JSON object, a safetensors header is
+            malformed, or (no ``force``) the weights hold NaN / Inf (:func:`dsparkhub.hub.trust.check_bytes`).
+        ResultsError: (no ``force``) the card, a results file or ``dspark_sts.json`` names another drafter
+            fingerprint than the weights hash to.
     """
     draft_dir = Path(draft_dir)
     check_repo_id(repo_id)
@@ -366,7 +375,10 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         del files[VALIDATION_FILE]
         left_out[VALIDATION_FILE] = r(seen["stale"].replace(f"{VALIDATION_FILE} ignored: ", "stale record: "))
     provenance = _read_provenance(draft_dir)
-    hashes = sha256_files(list(files.values()))
+    # one read of every byte: sha256 (the plan, the fingerprint) and the NaN / Inf count of the weights
+    hashes, nonfinite = hash_and_scan(list(files.values()))
+    fingerprint, overridden = check_bytes(draft_dir, files, hashes, nonfinite, force=force)
+    forced_past = (["validation errors"] if forced else []) + overridden
 
     api = HfApi(endpoint=endpoint, token=token)
     repo_exists, branch_exists, head, remote = remote_state(api, repo_id, revision, token)
@@ -385,7 +397,9 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         return _diff(files, hashes, remote_now, deletions(files, remote_now, delete, kept))
 
     plan = PushPlan(repo_id, revision, repo_exists, branch_exists, head, plan_files(remote, head))
-    report = PushReport(plan, dry_run=dry_run, validation=report_validation, forced=forced)
+    report = PushReport(plan, dry_run=dry_run, validation=report_validation, forced=bool(forced_past))
+    if overridden:
+        report.notes.append(f"--force: pushed past {' and '.join(overridden)}")
     if left_out:
         report.notes.append("left out: " + ", ".join(f"{path} ({why})" for path, why in left_out.items()))
     kept_remote = [f.path for f in plan.by_action("keep")]
@@ -430,8 +444,7 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
             adds.append(op)
     ops = adds + [CommitOperationDelete(path_in_repo=f.path) for f in plan.by_action("delete")]
     already = lfs_objects_present(api, repo_id, revision, adds, token)
-    fingerprint = checkpoint_fingerprint(draft_dir) if (draft_dir / "config.json").exists() else None
-    summary, description = _commit_text(plan, files, hashes, provenance, validation, forced, fingerprint, r,
+    summary, description = _commit_text(plan, files, hashes, provenance, validation, forced_past, fingerprint, r,
                                         commit_message, commit_description)
     try:
         info = api.create_commit(repo_id, ops, commit_message=summary, commit_description=description,

@@ -20,8 +20,13 @@ Order of a run (each step fails with a clear error before the next, more expensi
    configuration and run configuration-outer, the repeats back to back;
 5. build and save the results (atomically); with temperature 0 a run whose outputs differ from the baseline makes
    the run *not lossless*: the file is still written (``lossless: false``) and ``LosslessMismatchError`` is raised
-   with the dataset, prompt, position and both tokens. An engine that refuses or dies mid-sweep leaves the
-   configurations measured so far in the file, the rest listed in ``incomplete``, and its error is raised after.
+   with the dataset, prompt, position and both tokens. An engine that refuses or dies mid-sweep, or Ctrl-C, leaves
+   the configurations measured so far in the file (each with the repeats all of them completed), the rest listed
+   in ``incomplete``, and its error (or the KeyboardInterrupt) is raised after. Runs where no draft token was
+   accepted at any position add a warning (``derive.no_acceptance``).
+
+A prompt plus ``max_new_tokens`` beyond the target's context is refused in steps 1 (``max_new_tokens`` alone) and 3
+(each prompt) unless ``settings.allow_beyond_context`` (:mod:`dsparkhub.verify.context`).
 """
 
 from __future__ import annotations
@@ -36,37 +41,13 @@ from dsparkhub.io.hashing import checkpoint_fingerprint
 from dsparkhub.target import public_name
 from dsparkhub.validate.record import validate_reusing
 from dsparkhub.validate.report import validation_error
+from dsparkhub.verify.context import check_new_tokens, check_prompts
 from dsparkhub.verify.engines import SERVER_BACKENDS, check_engine_options, detect_method, make_backend
-from dsparkhub.verify.results.derive import build_results
+from dsparkhub.verify.results.derive import build_results, no_acceptance
 from dsparkhub.verify.results.identity import target_fingerprint
 from dsparkhub.verify.results.schema import METHODS, EngineInfo, ModelRef, Settings, VerifyResults
 from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
 from dsparkhub.verify.stats import Backend, RunStats
-
-def _warn_context_overflow(data, target: str, max_model_len: int | None, max_new_tokens: int,
-                           warn: Callable[[str], None] | None) -> None:
-    """Warn when prompt + ``max_new_tokens`` passes the context (``--max-model-len``, else the local target's
-    ``max_position_embeddings``): vLLM refuses such prompts, and past its trained positions a target's outputs (and
-    so τ) mean little."""
-    import json
-
-    limit = max_model_len
-    cfg = Path(target) / "config.json"
-    if limit is None and cfg.is_file():
-        try:
-            c = json.loads(cfg.read_text())
-        except (OSError, ValueError):
-            c = {}
-        limit = c.get("max_position_embeddings") or (c.get("text_config") or {}).get("max_position_embeddings")
-    if warn is None or not isinstance(limit, int):
-        return
-    for ds in data:
-        over = [len(p) for p in ds.prompts if len(p) + max_new_tokens > limit]
-        if over:
-            warn(f"warning: {len(over)} prompt(s) of dataset {ds.name!r} plus {max_new_tokens} new tokens exceed the "
-                 f"context of {limit} tokens (longest prompt {max(over)} tokens); vLLM refuses them and the "
-                 "numbers past the context mean little")
-
 
 def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callable[[str], None] | None = None,
               engine: str = "vllm", validation=None, told: Callable[[str], None] | None = None):
@@ -155,15 +136,17 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
         The :class:`VerifyResults` (also written to ``out``).
 
     Raises:
-        VerifyArgumentError (a ValueError): bad n values / temperature / max_new_tokens / method / results path,
-            or (EngineOptionError) a backend setting the backend does not take; raised before anything loads.
+        VerifyArgumentError (a ValueError): bad n values / temperature / max_new_tokens / method / results path, a
+            prompt plus ``max_new_tokens`` beyond the target's context (without ``allow_beyond_context``), or
+            (EngineOptionError) a backend setting the backend does not take; raised before any model loads.
         ValidationFailedError: the drafter does not fit the target (no model was loaded).
         PromptFileError: a dataset cannot be read or tokenized.
         EngineUnavailableError / VerifyError: the engine is missing, refused or crashed.
         LosslessMismatchError: greedy outputs differ (after ``out`` was written).
         OutputExistsError / OutputNotWritableError: ``out`` exists (without ``overwrite``) or cannot be written.
-        EngineUnavailableError / VerifyError raised mid-sweep: after ``out`` was written with the configurations
-            measured so far and ``incomplete`` naming where it stopped.
+        EngineUnavailableError / VerifyError raised mid-sweep, or KeyboardInterrupt (Ctrl-C): after ``out`` was
+            written with the configurations measured so far and ``incomplete`` naming where it stopped (the
+            interrupt's ``partial_results`` is ``out``); with nothing measured with the drafter, no file.
     """
     load = settings.load.checked()
     method = settings.method
@@ -175,6 +158,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
         raise VerifyArgumentError(f"temperature must be >= 0, found {settings.temperature}")
     if settings.max_new_tokens < 1:
         raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {settings.max_new_tokens}")
+    check_new_tokens(target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context)
     if Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
         from dsparkhub.layouts.deepspec_run import resolve_step_dir
 
@@ -239,7 +223,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     from dsparkhub.verify.prompts import load_datasets
 
     data = load_datasets(settings.datasets, target, max_prompts=settings.max_prompts, tokenizer=tokenizer)
-    _warn_context_overflow(data, target, settings.max_model_len, settings.max_new_tokens, note)
+    check_prompts(data, target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context, note)
 
     owned = isinstance(backend, str)
     if owned and backend in ("vllm", "vllm-serve") and load.concurrency != (1,):  # vllm serve + vllm bench serve
@@ -263,7 +247,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None
-    stopped: DsparkhubError | None = None
+    stopped: DsparkhubError | KeyboardInterrupt | None = None
     incomplete: list[str] = []
     try:
         _check_concurrency(engine, load.concurrency)
@@ -283,10 +267,10 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                     st = _run_one(engine, ds.prompts, n=n, max_new_tokens=settings.max_new_tokens,
                                   temperature=settings.temperature, seed=settings.seed, progress=progress, desc=desc,
                                   concurrency=c)
-                except (EngineUnavailableError, VerifyError) as exc:
-                    stopped = exc
-                    incomplete.append(f"stopped at {ds.name} {label}, concurrency {c}, repeat {rep + 1}: "
-                                      f"{str(exc).splitlines()[0]}")
+                except (EngineUnavailableError, VerifyError, KeyboardInterrupt) as exc:
+                    stopped = exc  # Ctrl-C too: what was measured is kept, as after an engine's refusal
+                    why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc).splitlines()[0]
+                    incomplete.append(f"stopped at {ds.name} {label}, concurrency {c}, repeat {rep + 1}: {why}")
                     break
                 if n is None:
                     base[ds.name].setdefault(c, []).append(st)
@@ -300,14 +284,14 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
             engine.close()
     if stopped is not None and not any(spec.values()):
         raise stopped  # nothing with the drafter was measured: no file, the engine's error as it was
-    full = load.repeats
     runs = []
     for ds in data:
-        done = {c: b for c, b in base[ds.name].items() if len(b) == full}
-        by = {k: v for k, v in spec[ds.name].items() if len(v) == full and k[1] in done}
+        done, by, short = _measured(base[ds.name], spec[ds.name], load.repeats)
         missing = [f"n={n} @ concurrency {c}" for c in load.concurrency for n in ns if (n, c) not in by]
         if missing and stopped is not None:
             incomplete.append(f"dataset {ds.name}: not measured: {', '.join(missing)}")
+        incomplete += [f"dataset {ds.name} @ concurrency {c}: {k} of {load.repeats} repeat(s) measured"
+                       for c, k in short.items()]
         runs.append((ds.name, ds.source, done, by))
 
     results = build_results(
@@ -326,8 +310,16 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                           spread_limit=load.spread_limit, intra_op_threads=threads),
         runs=runs, warnings=noted, incomplete=incomplete,
     )
+    line = no_acceptance(results)
+    if line is not None:  # a broken drafter (NaN weights, another target) must not pass as "τ 1.00"
+        results.warnings = [*results.warnings, line]
+        if warn is not None:
+            warn(f"warning: {line}")
     if out is not None:
         results.save(out)
+    if isinstance(stopped, KeyboardInterrupt):
+        stopped.partial_results = out  # the CLI says where the measured configurations went
+        raise stopped
     if stopped is not None:
         stopped.hint = ((getattr(stopped, "hint", None) or "") + (" " if getattr(stopped, "hint", None) else "") +
                         (f"partial results (marked `incomplete`) were written to {out}" if out is not None else
@@ -336,6 +328,28 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     if raise_on_mismatch and results.lossless is False:
         raise results.lossless_error()
     return results
+
+
+def _measured(base: dict[int, list[RunStats]], spec: dict[tuple[int, int], list[RunStats]],
+              repeats: int) -> tuple[dict[int, list[RunStats]], dict[tuple[int, int], list[RunStats]], dict[int, int]]:
+    """What one dataset's results keep: per concurrency the first k repeats of the baseline and of every n measured
+    there, k being the fewest any of them completed (all ``repeats`` after a full run; fewer after a stop or Ctrl-C,
+    so every configuration already measured stays, its repeats still paired with the baseline's).
+
+    Returns:
+        ``(baselines by concurrency, drafter runs by (n, concurrency), {concurrency: k} where k < repeats)``.
+    """
+    done, by, short = {}, {}, {}
+    for c, b in base.items():
+        runs = {key: v for key, v in spec.items() if key[1] == c}
+        k = min([len(b)] + [len(v) for v in runs.values()])
+        if k == 0:
+            continue
+        done[c] = b[:k]
+        by.update({key: v[:k] for key, v in runs.items()})
+        if k < repeats and runs:
+            short[c] = k
+    return done, by, short
 
 
 def _cuda_available() -> bool:

@@ -64,6 +64,9 @@ class VerifySettings:
         confidence_threshold: proposal truncation threshold (reference engine).
         server_url / baseline_url: running servers with and without the drafter (``*-serve`` backends).
         load: concurrency axis, repeats and threads (:class:`LoadOptions`; default one request at a time, once).
+        allow_beyond_context: measure even when a prompt plus ``max_new_tokens`` exceeds the target's context
+            (``--max-model-len``, else its ``max_position_embeddings``); refused by default
+            (:mod:`dsparkhub.verify.context`).
 
     The values are checked by ``run_verify`` before anything loads (``VerifyArgumentError``).
     """
@@ -83,6 +86,7 @@ class VerifySettings:
     server_url: str | None = None
     baseline_url: str | None = None
     load: LoadOptions = field(default_factory=LoadOptions)
+    allow_beyond_context: bool = False
 
 
 class VerifyArgumentError(DsparkhubError, ValueError):

@@ -303,3 +303,23 @@ def build_results(*, engine: EngineInfo, method: str, target: ModelRef, drafter:
         datasets=datasets, summary=summary, change=change, lossless=lossless, warnings=list(warnings or []),
         load=load, stops_paying_at=stops, incomplete=list(incomplete or []),
     )
+
+
+def no_acceptance(res: VerifyResults) -> str | None:
+    """One line (no ``warning:`` prefix) when runs proposed draft tokens and the target accepted none at any
+    position (τ 1.00, per-position acceptance all 0), else None.
+
+    That is not a slow drafter but a broken one: NaN / Inf weights, a drafter of another target, a wrong layout;
+    ``dsparkhub verify`` prints the line and stores it in ``warnings``, which the card lists.
+    """
+    runs = [(ds.name, r) for ds in res.datasets for r in ds.runs]
+    dead = [(name, r) for name, r in runs if r.num_draft_tokens > 0 and r.num_accepted_tokens == 0]
+    if not dead:
+        return None
+    where = ("in every run" if len(dead) == len(runs) else
+             "in " + ", ".join(f"{name} n={r.num_speculative_tokens}" + (f" @{r.concurrency}" if r.concurrency != 1
+                                                                        else "") for name, r in dead))
+    proposed = sum(r.num_draft_tokens for _, r in dead)
+    return (f"no draft token was accepted at any position {where} ({proposed} proposed, 0 accepted, τ 1.00): the "
+            "drafter is broken, not slow: check its weights for NaN / Inf (`dsparkhub push` refuses them) and that "
+            "it was trained for this target")

@@ -55,9 +55,11 @@ stops_paying_at                       d    int | null           lowest concurren
                                                                 is above 1 (null: pays everywhere, or unknown)
 lossless                                   bool | null          false if any run failed; null if none was checked
 incomplete                            d    list[str]            configurations not measured, one sentence each
-                                                                (server died, concurrency out of reach); ``[]``
-warnings                                   list[str]            the validation and prompt warnings printed when
-                                                                the run started, e.g. ``[DSH401] ...``
+                                                                (server died, Ctrl-C, concurrency out of reach;
+                                                                fewer repeats than asked); ``[]`` when complete
+warnings                                   list[str]            the warnings the run printed: validation and
+                                                                prompts (``[DSH401] ...``) when it started; no
+                                                                draft token accepted (``derive.no_acceptance``)
 =========================================  ===================  ====================================================
 
 ``Baseline`` (``datasets[].baselines[]``): ``concurrency`` (int), ``prompts``, ``output_tokens`` (int),
