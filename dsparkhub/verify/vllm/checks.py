@@ -166,6 +166,8 @@ class VllmCheckReport(StagedReport):
         num_speculative_tokens: the ``n`` the speculative config was built with.
         stages: the three stages in order.
         method: the speculative method every stage passed to vLLM (``dspark`` | ``dflash`` | ``eagle3``).
+        contract: the vLLM contract the stages were judged with
+            (:meth:`~dsparkhub.verify.vllm.contract.VllmContract.to_dict`: version, line, confirmed, unconfirmed).
     """
 
     draft: str
@@ -174,10 +176,12 @@ class VllmCheckReport(StagedReport):
     num_speculative_tokens: int | None
     stages: list[StageResult]
     method: str = "dspark"
+    contract: dict | None = None
 
     def to_dict(self) -> dict:
         return {"draft": self.draft, "target": self.target, "vllm_version": self.vllm_version,
                 "method": self.method, "num_speculative_tokens": self.num_speculative_tokens, "ok": self.ok,
+                "contract": self.contract,
                 "stages": [{"name": s.name, "status": s.status, "message": s.message, "details": s.details,
                             "seconds": round(s.seconds, 3)} for s in self.stages]}
 
@@ -187,12 +191,13 @@ class VllmCheckReport(StagedReport):
                    num_speculative_tokens=data.get("num_speculative_tokens"),
                    stages=[StageResult(s["name"], s["status"], s["message"], s.get("details", {}),
                                        s.get("seconds", 0.0)) for s in data["stages"]],
-                   method=data.get("method", "dspark"))
+                   method=data.get("method", "dspark"), contract=data.get("contract"))
 
 
 def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None = None,
                     num_speculative_tokens: int | None = None, dtype: str = "auto", max_model_len: int = 512,
-                    timeout_s: float = 900.0, env: dict[str, str] | None = None) -> VllmCheckReport:
+                    timeout_s: float = 900.0, env: dict[str, str] | None = None,
+                    vllm_version: str | None = None) -> VllmCheckReport:
     """Run vLLM's config, weight-loading and engine-config checks on a converted drafter, in a child process.
 
     Args:
@@ -206,6 +211,8 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
         max_model_len: vLLM ``max_model_len`` (configs only; nothing is allocated for it).
         timeout_s: the child is killed after this many seconds.
         env: extra environment for the child.
+        vllm_version: judge with this vLLM version's contract (``--vllm-version``: what that vLLM shares from the
+            target and which loader guards it applies) instead of the installed one's; None: the installed vLLM.
 
     Returns:
         A VllmCheckReport; ``report.ok`` is False when vLLM rejected the config or the weights, or when tensors are
@@ -217,9 +224,11 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
             check for here (``eagle``).
         VerifyError: no n given and the config names none (``block_size``, speculators ``speculative_tokens``);
             the child crashed or timed out (exit status and log tail in the message).
-        EngineUnavailableError: vLLM is not installed.
+        EngineUnavailableError: vLLM is not installed, lacks what its contract says the checks touch (engine
+            self-check), or ``vllm_version`` is older than the contract's first line.
     """
     from dsparkhub.errors import LayoutError
+    from dsparkhub.verify.vllm.contract import contract_for
     from dsparkhub.verify.vllm.method import method_for_drafter
     from dsparkhub.verify.vllm.process import ChildProcess
     from dsparkhub.verify.vllm.refusals import raise_child_error
@@ -227,6 +236,8 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
     draft_path = Path(draft).expanduser().resolve()
     if not (draft_path / "config.json").is_file():
         raise CheckpointNotFoundError(f"drafter folder {draft_path} has no config.json", path=draft_path)
+    if vllm_version is not None:
+        contract_for(vllm_version)  # refuse a malformed / too old version before a child starts
     method = method or method_for_drafter(draft_path)
     if method not in METHODS:
         raise LayoutError(f"method {method!r}: vllm-check checks {', '.join(METHODS)} drafters",
@@ -244,7 +255,8 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
     try:
         reply = child.request({"draft": str(draft_path), "target": target_str, "method": method,
                                "num_speculative_tokens": num_speculative_tokens, "dtype": dtype,
-                               "max_model_len": max_model_len}, timeout_s=timeout_s, what=what)
+                               "max_model_len": max_model_len, "vllm_version": vllm_version},
+                              timeout_s=timeout_s, what=what)
         if "error" in reply:
             raise_child_error(reply["error"], what=what, method=method, child=child)
         return VllmCheckReport.from_dict(reply)
