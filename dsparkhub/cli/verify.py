@@ -183,6 +183,8 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
         as_of = f", judged as vLLM {judged.version}" if judged and judged.version != report.vllm_version else ""
         echo_stages(f"{report.draft}  (vLLM {report.vllm_version}{as_of}, method {report.method}, "
                     f"n={report.num_speculative_tokens})", report.stages)
+        if report.stand_in:
+            click.echo(f"stand-in: {report.stand_in}")
         if judged and judged.note():
             click.echo(f"note: {judged.note()}")
     if not report.ok:

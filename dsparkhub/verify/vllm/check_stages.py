@@ -17,6 +17,7 @@ from dsparkhub.errors import CheckpointNotFoundError, VerifyError
 from dsparkhub.verify.vllm.checks import (FAILED, PASSED, REFUSED, SKIPPED, StageResult, VllmCheckReport,
                                          default_num_speculative_tokens, serves_method, vllm_said)
 from dsparkhub.verify.vllm.contract import VllmContract, contract_for, installed_contract
+from dsparkhub.verify.vllm.stand_in import CpuStandIn
 
 # Stacked parameters of vLLM's Qwen3 / Llama layers (qwen3_dflash.py, llama_eagle3.py orig_to_new_stacked):
 # checkpoint part -> order.
@@ -321,11 +322,12 @@ def run_checks(draft: str, target: str, num_speculative_tokens: int | None = Non
         EngineUnavailableError: the installed vLLM lacks a module / attribute its contract says the checks touch
             (engine self-check, before anything loads), or a version is older than the contract's first line.
     """
-    import vllm
-
     from dsparkhub.errors import EngineUnavailableError
-    from dsparkhub.verify.vllm.contract import self_check, self_check_paragraph
+    from dsparkhub.verify.vllm.contract import self_check, self_check_paragraph, vllm_version as installed_version
     from dsparkhub.verify.vllm.refusals import refusal_reason
+
+    stand_in = CpuStandIn(contract_for(installed_version() or "0.32.0"))  # its env must be set before vLLM loads
+    import vllm
 
     installed = contract_for(vllm.__version__)
     paragraph = self_check_paragraph(installed, self_check(installed, "check"))
@@ -378,11 +380,15 @@ def run_checks(draft: str, target: str, num_speculative_tokens: int | None = Non
             return StageResult("load_weights", SKIPPED, f"{exc} (vLLM {installed.line} has no CPU class for K3 / "
                                                         "DeepSeek-V4 / Gemma4 DSpark drafters)")
 
-    stages = [_stage("config", config_stage)]
-    if not stages[0].ok:
-        stages.append(StageResult("load_weights", SKIPPED, "the config stage failed"))
-    else:
-        stages.append(_stage("load_weights", load_stage))
+    with stand_in:
+        stages = [_stage("config", config_stage)]
+        if not stages[0].ok:
+            stages.append(StageResult("load_weights", SKIPPED, "the config stage failed"))
+        else:
+            stages.append(_stage("load_weights", load_stage))
+    if stand_in.used:
+        for stage in stages:
+            stage.details["stand_in"] = stand_in.used
 
     def engine_stage() -> StageResult:
         spec = {"model": str(draft_path), "method": method, "num_speculative_tokens": n}
@@ -402,4 +408,6 @@ def run_checks(draft: str, target: str, num_speculative_tokens: int | None = Non
 
     stages.append(_stage("engine", engine_stage))
     return VllmCheckReport(draft=str(draft_path), target=target, vllm_version=vllm.__version__,
-                           num_speculative_tokens=n, stages=stages, method=method, contract=judged.to_dict())
+                           num_speculative_tokens=n, stages=stages, method=method, contract=judged.to_dict(),
+                           stand_in=stand_in.used)
+

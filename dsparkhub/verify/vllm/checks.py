@@ -166,6 +166,8 @@ class VllmCheckReport(StagedReport):
         num_speculative_tokens: the ``n`` the speculative config was built with.
         stages: the three stages in order.
         method: the speculative method every stage passed to vLLM (``dspark`` | ``dflash`` | ``eagle3``).
+        stand_in: what was swapped, named, so that this vLLM's config and load_weights stages run on this machine
+            (the contract's ``cpu_stand_in``: vLLM 0.34 on an x86 CPU), or None.
         contract: the vLLM contract the stages were judged with
             (:meth:`~dsparkhub.verify.vllm.contract.VllmContract.to_dict`: version, line, confirmed, unconfirmed).
     """
@@ -177,11 +179,12 @@ class VllmCheckReport(StagedReport):
     stages: list[StageResult]
     method: str = "dspark"
     contract: dict | None = None
+    stand_in: str | None = None
 
     def to_dict(self) -> dict:
         return {"draft": self.draft, "target": self.target, "vllm_version": self.vllm_version,
                 "method": self.method, "num_speculative_tokens": self.num_speculative_tokens, "ok": self.ok,
-                "contract": self.contract,
+                "contract": self.contract, "stand_in": self.stand_in,
                 "stages": [{"name": s.name, "status": s.status, "message": s.message, "details": s.details,
                             "seconds": round(s.seconds, 3)} for s in self.stages]}
 
@@ -191,7 +194,8 @@ class VllmCheckReport(StagedReport):
                    num_speculative_tokens=data.get("num_speculative_tokens"),
                    stages=[StageResult(s["name"], s["status"], s["message"], s.get("details", {}),
                                        s.get("seconds", 0.0)) for s in data["stages"]],
-                   method=data.get("method", "dspark"), contract=data.get("contract"))
+                   method=data.get("method", "dspark"), contract=data.get("contract"),
+                   stand_in=data.get("stand_in"))
 
 
 def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None = None,
