@@ -303,3 +303,27 @@ def test_a_sidecar_of_the_right_length_is_silent_and_bad_json_is_found(tmp_path,
     _sidecar(run, '{"temperatures": [1.5,')
     finding = next(f for f in validate(run, target).findings if f.code == "DSH502")
     assert "not valid JSON" in finding.message
+
+
+@pytest.mark.parametrize("drop, overrides, tensor", [
+    (("lm_head.weight",), {"draft_vocab_size": 64}, "lm_head.weight"),
+    (("d2t",), {"draft_vocab_size": 64}, "d2t"),
+    (("confidence_head.proj.weight", "confidence_head.proj.bias"), {"enable_confidence_head": True},
+     "confidence_head.proj.weight"),
+])
+def test_validate_owns_the_guards_vllm_034_dropped(tmp_path, target, drop, overrides, tensor):
+    """vLLM 0.34's Qwen3 DSpark load_weights serves a reduced-vocab drafter without lm_head / d2t and keeps a declared
+    confidence head without tensors uninitialised (qwen3_dspark.py:321-359): validate must refuse all three."""
+    vd = overrides.get("draft_vocab_size")
+    tensors = {} if vd is None else {
+        "lm_head.weight": torch.zeros(vd, 32, dtype=torch.bfloat16),
+        "markov_head.markov_w2.weight": torch.zeros(vd, 8, dtype=torch.bfloat16),
+        "d2t": torch.arange(vd, dtype=torch.int64)}
+    if vd is None:
+        tensors = {"confidence_head.proj.weight": torch.zeros(1, 32, dtype=torch.bfloat16),
+                   "confidence_head.proj.bias": torch.zeros(1, dtype=torch.bfloat16)}
+    draft = _drafter(tmp_path, target, config_overrides=overrides, tensor_overrides=tensors, drop=drop)
+    report = validate(draft, target, num_speculative_tokens=7)
+    assert not report.ok
+    assert any(f.code in ("DSH201", "DSH205") and tensor in (f.location or "") + f.message
+               for f in report.findings), [(f.code, f.message) for f in report.findings]

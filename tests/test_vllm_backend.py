@@ -722,3 +722,16 @@ def test_engine_core_failure_names_the_root_cause(tmp_path, fake_vllm, drafter):
     assert "failed while starting the engine: ValueError: Head size 16 is not supported by the CPU attention" in first
     assert "(root cause, from vLLM's engine-core traceback; the parent saw ValueError: Engine core" in first
     assert "throughput" not in first
+
+
+def test_engine_self_check_refuses_a_vllm_lacking_what_dsparkhub_touches(tmp_path, fake_vllm, drafter):
+    """Before anything loads, the child checks the installed vLLM against its contract (contract.yaml touches):
+    a missing ``vllm.inputs.TokensPrompt`` is one paragraph naming it and the vLLM versions that have it."""
+    root = Path(fake_vllm["PYTHONPATH"].split(os.pathsep)[0])
+    (root / "vllm" / "inputs.py").write_text("")
+    backend = VllmBackend(tmp_path, drafter, method="dspark", env=fake_vllm, timeout_s=60)
+    with pytest.raises(EngineUnavailableError) as info:
+        backend.run([[1, 2]], num_speculative_tokens=7, max_new_tokens=4)
+    text = str(info.value)
+    assert "lacks what dsparkhub uses with it: vllm.inputs:TokensPrompt (in vLLM 0.32, 0.33, 0.34)" in text
+    assert "\n" not in text and "What to do:" in text

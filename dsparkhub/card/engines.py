@@ -64,8 +64,10 @@ def engine_checks(paths: list[str | Path]) -> list[dict[str, Any]]:
     """The engine-check lines of the card from ``vllm-check --json`` / ``sglang-check --json`` reports.
 
     Returns:
-        One ``{"engine": "vLLM" | "SGLang", "version": str, "ok": bool, "stages": "config passed, ..."}`` per file,
-        in the given order.
+        One ``{"engine": "vLLM" | "SGLang", "version": str, "ok": bool, "stages": "config passed, ...", "command",
+        "contract": str | None}`` per file, in the given order; ``contract`` says which vLLM version's facts judged the
+        check when they are not the checking vLLM's own confirmed ones (``vllm-check --vllm-version``, a vLLM newer
+        than dsparkhub's contract).
 
     Raises:
         CardError: a file is missing, not JSON, or not such a report.
@@ -88,5 +90,19 @@ def engine_checks(paths: list[str | Path]) -> list[dict[str, Any]]:
             raise CardError(f"{path} names no engine version (vllm_version / sglang_version)", path=path)
         stages = ", ".join(f"{s.get('name')} {s.get('status')}" for s in data["stages"])
         out.append({"engine": engine, "version": version, "ok": bool(data.get("ok")), "stages": stages,
-                    "command": "sglang-check" if engine == "SGLang" else "vllm-check"})
+                    "command": "sglang-check" if engine == "SGLang" else "vllm-check",
+                    "contract": _contract_note(data.get("contract"), version)})
     return out
+
+
+def _contract_note(contract: Any, version: Any) -> str | None:
+    """A few words on the vLLM contract a ``vllm-check`` report was judged with, or None when it is the checking
+    vLLM's own, confirmed (or the report predates contracts)."""
+    if not isinstance(contract, dict):
+        return None
+    judged, line = contract.get("vllm_version"), contract.get("contract_line")
+    if not contract.get("confirmed", True):
+        return f"judged with vLLM {line}'s facts, not confirmed for vLLM {judged}"
+    if judged != version:
+        return f"judged as vLLM {judged} (its sharing rules and loader guards)"
+    return None

