@@ -8,14 +8,16 @@ enter ``model-index`` as speedups). Does not read files (``dsparkhub.card.facts`
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 from typing import Any
 
 from dsparkhub.card.facts import public_text
+from dsparkhub.serving import ENGINES, METHODS
 from dsparkhub.verify.results.schema import ModelRef, VerifyResults
 
 
-ENGINE_LABELS = {"vllm": "vLLM offline engine", "vllm-serve": "vLLM server"}
-METHOD_LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3"}
+#: the card's names of the methods (``dsparkhub.serving.METHODS``; engines: ``ENGINES[name].label``)
+METHOD_LABELS = MappingProxyType({name: method.label for name, method in METHODS.items()})
 #: the namespace the serve commands name when the card is written without ``--repo-id`` (push refuses it)
 MODEL_PLACEHOLDER = "<your-namespace>"
 
@@ -118,7 +120,8 @@ def section(res: VerifyResults, plots: tuple[str, ...]) -> dict[str, Any]:
         "title": ("CPU reference engine (dsparkhub PyTorch implementation)" if reference and
                   "cpu" in res.engine.device.lower() else
                   f"dsparkhub reference engine ({res.engine.device})" if reference else
-                  f"{ENGINE_LABELS.get(res.engine.backend, res.engine.backend)} ({res.engine.version}, "
+                  f"{ENGINES[res.engine.backend].label if res.engine.backend in ENGINES else res.engine.backend} "
+                  f"({res.engine.version}, "
                   f"{res.engine.device})"),
         "reference": reference,
         "cpu_reference": reference and "cpu" in res.engine.device.lower(),

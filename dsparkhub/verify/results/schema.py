@@ -15,7 +15,9 @@ schema                                     str                  ``"dsparkhub.ver
 dsparkhub_version                          str                  version of dsparkhub that wrote the file
 date                                       str                  UTC ISO 8601 time the run finished
 method                                     str                  ``dspark`` | ``dflash`` | ``eagle3``
-engine.backend                             str                  ``reference`` | ``vllm`` | ``vllm-serve``
+engine.backend                             str                  an engine of ``dsparkhub.serving.ENGINES``:
+                                                                ``reference`` | ``vllm`` | ``vllm-serve`` |
+                                                                ``sglang-serve``
 engine.version                             str                  engine version (``vllm 0.32.0``)
 engine.device                              str                  what ran it, in words (``cpu (2 threads)``)
 target.id                                  str                  Hub repo id (a local folder's, when known), else the
@@ -105,11 +107,13 @@ from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass
 
 from dsparkhub.errors import LosslessMismatchError
+from dsparkhub.serving import method_names
 
 SCHEMA = "dsparkhub.verify.results/2"
 SCHEMA_V1 = "dsparkhub.verify.results/1"
-METHODS = ("dspark", "dflash", "eagle3")
-BACKENDS = ("reference", "vllm", "vllm-serve")
+#: the methods a results file records (``dsparkhub.serving.METHODS``; an engine's names are read from
+#: ``dsparkhub.serving.ENGINES`` when a file is read, so an engine added there is accepted)
+METHODS = method_names()
 ORDERS = ("interleaved", "configuration-outer")
 DEFAULT_SPREAD_LIMIT = 0.2
 
