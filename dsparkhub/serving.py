@@ -140,6 +140,11 @@ def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
 
 
+def sglang_algorithms() -> tuple[str, ...]:
+    """SGLang's ``--speculative-algorithm`` values of the methods that have one: ``("DSPARK", "DFLASH")``."""
+    return tuple(m.sglang_algorithm for m in METHODS.values() if m.sglang_algorithm)
+
+
 def method_for_variant(variant: str) -> str | None:
     """The method that serves a :class:`~dsparkhub.layouts.spec.DraftSpec` ``variant`` (None: none does)."""
     return next((m.name for m in METHODS.values() if variant in m.variants), None)

@@ -10,7 +10,7 @@ import click
 from dsparkhub.cli.errors import fail, handle_errors
 from dsparkhub.cli.options import generation_options, int_list, json_dict
 from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progress
-from dsparkhub.serving import METHODS, engine_names, method_names
+from dsparkhub.serving import engine_names, method_names, sglang_algorithms
 
 
 @click.command()
@@ -185,7 +185,7 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
 @click.command("sglang-check")
 @click.argument("draft", type=click.Path(exists=True, file_okay=False), required=False)
 @click.option("--target", required=True, help="Target: local HF folder (SGLang reads its config.json).")
-@click.option("--algorithm", type=click.Choice([m.sglang_algorithm for m in METHODS.values() if m.sglang_algorithm]),
+@click.option("--algorithm", type=click.Choice(sglang_algorithms()),
               help="SGLang --speculative-algorithm (default: DSPARK for a Markov-head drafter, else DFLASH).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
