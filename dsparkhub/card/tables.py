@@ -29,23 +29,13 @@ def fmt(x: float | None, digits: int = 2, suffix: str = "", signed: bool = False
     return f"{x:{'+' if signed else ''}.{digits}f}{suffix}"
 
 
-def _best_n(res: VerifyResults) -> int:
-    """The n with the highest *reliable* mean speedup at the lowest concurrency measured (ties: the smaller n); the
-    largest mean τ when no speedup there is reliable (an unreliable figure never chooses n)."""
-    summary = res.summary_at()
-    rows = [r for r in summary if r.mean_speedup is not None and r.reliable]
-    if rows:
-        return max(rows, key=lambda r: (r.mean_speedup, -r.num_speculative_tokens)).num_speculative_tokens
-    rows = [r for r in summary if r.mean_tau is not None] or summary
-    return max(rows, key=lambda r: (r.mean_tau or 0.0, -r.num_speculative_tokens)).num_speculative_tokens
-
-
 def serve_commands(res: VerifyResults, *, target: str, model: str) -> dict[str, Any]:
-    """The ``vllm serve`` command line and the matching Python ``LLM(...)`` call for the best n of ``res``.
+    """The ``vllm serve`` command line and the matching Python ``LLM(...)`` call for the best n of ``res`` at the
+    lowest concurrency measured (:meth:`~dsparkhub.verify.results.schema.VerifyResults.best_n`).
 
     Settings (TP, max_model_len, compilation config) are those the numbers were measured under.
     """
-    n = _best_n(res)
+    n, _ = res.best_n()
     spec = {"model": model, "method": res.method, "num_speculative_tokens": n}
     s = res.settings
     cli = [f"vllm serve {target}"]

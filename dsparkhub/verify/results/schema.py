@@ -346,6 +346,28 @@ class VerifyResults:
             concurrency = self.settings.concurrency[0] if self.settings.concurrency else 1
         return [r for r in self.summary if r.concurrency == concurrency]
 
+    def best_n(self, concurrency: int | None = None) -> tuple[int, bool] | None:
+        """The n to serve with at ``concurrency`` (None: the lowest measured), and whether a reliable speedup chose it.
+
+        The ``load`` row's ``best_n`` there (the highest *reliable* mean speedup, ties to the smaller n) with True;
+        where no speedup there is reliable, the n with the highest mean τ (ties: the smaller n) with False, since τ
+        is counted, not timed, and an unreliable timing never chooses n. ``card`` (its serve commands) and
+        ``compare`` (its load cells) both read this.
+
+        Returns:
+            ``(n, reliable)``, or None when nothing was measured at ``concurrency``.
+        """
+        if concurrency is None:
+            concurrency = self.settings.concurrency[0] if self.settings.concurrency else 1
+        best = next((r.best_n for r in self.load if r.concurrency == concurrency and r.best_n is not None), None)
+        if best is not None:
+            return best, True
+        rows = self.summary_at(concurrency)
+        if not rows:
+            return None
+        rows = [r for r in rows if r.mean_tau is not None] or rows
+        return max(rows, key=lambda r: (r.mean_tau or 0.0, -r.num_speculative_tokens)).num_speculative_tokens, False
+
     def first_mismatch(self) -> tuple[str, RunResult] | None:
         """(dataset name, run) of the first run whose greedy outputs differ from the baseline, or None."""
         for ds in self.datasets:
