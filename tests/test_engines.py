@@ -1,9 +1,9 @@
 """The engine and method tables (``dsparkhub.serving``): every engine's results reach ``card`` and ``compare``, every
 list of names is read from the tables, and adding an engine is one module plus one table row (a toy engine here).
 
-Each round trip runs ``run_verify`` by backend name on the tiny target of ``tiny_models`` and a DFlash drafter of it: the real
-reference engine, vLLM offline with the stand-in ``vllm`` package of ``test_vllm_backend`` (child process), and the
-fake ``vllm serve`` / SGLang servers of ``test_vllm_backend`` / ``test_sglang_serve``.
+Each round trip runs ``run_verify`` by backend name on the tiny target of ``tiny_models`` and a DFlash drafter of
+it: the real reference engine, vLLM offline with the stand-in ``vllm`` package of ``test_vllm_backend`` (child
+process), and the fake ``vllm serve`` / SGLang servers of ``test_vllm_backend`` / ``test_sglang_serve``.
 """
 
 from __future__ import annotations
