@@ -45,11 +45,10 @@ from dsparkhub import __version__
 from dsparkhub.errors import DsparkhubError, ResultsError
 from dsparkhub.io.ownership import claim_output
 from dsparkhub.layouts.deepspec_run import resolve_step_dir
-from dsparkhub.io.hashing import checkpoint_fingerprint
+from dsparkhub.io.hashing import checkpoint_fingerprint, target_fingerprint
 from dsparkhub.layouts.reading import open_draft
 from dsparkhub.validate.sidecar import STS_FILE, sidecar_problems
-from dsparkhub.verify.prompts import load_datasets
-from dsparkhub.verify.results.identity import target_fingerprint
+from dsparkhub.prompts.datasets import load_datasets
 from dsparkhub.verify.engines import check_torch_device
 from dsparkhub.verify.runner import _validate
 

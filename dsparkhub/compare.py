@@ -175,16 +175,14 @@ def drafter_row(src: Source, ns: tuple[int, ...] = SEED_NS) -> DrafterRow:
 
 
 def load_cell(res: VerifyResults, concurrency: int) -> LoadCell | None:
-    """The drafter's cell at ``concurrency``: its best reliable n there (else the highest mean tokens/s, marked
-    unreliable); None when nothing was measured at that concurrency."""
+    """The drafter's cell at ``concurrency``: the results' best n there
+    (:meth:`~dsparkhub.verify.results.schema.VerifyResults.best_n`: the best reliable speedup, else the highest mean
+    τ, marked unreliable); None when nothing was measured at that concurrency."""
     rows = res.summary_at(concurrency) if concurrency in res.settings.concurrency else []
     if not rows:
         return None
-    best = next((lr.best_n for lr in res.load if lr.concurrency == concurrency and lr.best_n is not None), None)
-    row = next((r for r in rows if r.num_speculative_tokens == best), None)
-    reliable = row is not None
-    if row is None:
-        row = max(rows, key=lambda r: (r.mean_tokens_per_s or 0.0, -r.num_speculative_tokens))
+    n, reliable = res.best_n(concurrency)
+    row = next(r for r in rows if r.num_speculative_tokens == n)
     return LoadCell(n=row.num_speculative_tokens, tau=row.mean_tau, tokens_per_s=row.mean_tokens_per_s,
                     speedup=row.mean_speedup, reliable=reliable)
 

@@ -89,7 +89,7 @@ def choose_draft_vocab(target: str | Path, datasets: list[str], size: int, *, vo
     Args:
         target: local target folder (its tokenizer encodes the text; its ``eos_token_id`` is always kept).
         datasets: ``--datasets``-style specs (JSONL files with ``turns`` / ``prompt`` / ``prompt_token_ids``,
-            ``builtin:...``), see ``dsparkhub.verify.prompts``.
+            ``builtin:...``), see ``dsparkhub.prompts.datasets``.
         size: Vd, 1 <= Vd < V.
         vocab_size: V, the drafter's (and target's) vocab size.
 
@@ -99,7 +99,7 @@ def choose_draft_vocab(target: str | Path, datasets: list[str], size: int, *, vo
     """
     import torch
 
-    from dsparkhub.verify.prompts import load_datasets
+    from dsparkhub.prompts.datasets import load_datasets
 
     if not 1 <= size < vocab_size:
         raise ConversionRefusedError(f"--draft-vocab {size}: a reduced draft vocab needs 1 <= N < {vocab_size} "

@@ -2,8 +2,8 @@
 from ``config.json`` and safetensors headers only.
 
 A target is named by a local HF folder, or a Hub repo id (``ns/name[@revision]``, headers fetched with HTTP range
-requests by ``dsparkhub.hub.remote``; never the weights). Multimodal wrappers (``text_config``: Kimi-K2.5 ``kimi_k25``,
-Gemma4) are read through their text config.
+requests by ``dsparkhub.io.hub_checkpoint``; never the weights). Multimodal wrappers (``text_config``: Kimi-K2.5
+``kimi_k25``, Gemma4) are read through their text config.
 
 Does not: load weights (the reference engine does that, in ``dsparkhub.verify.reference.engine``).
 """
@@ -118,7 +118,7 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
 
     Raises:
         CheckpointNotFoundError: neither a local folder nor a repo id.
-        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.hub.remote``). With
+        dsparkhub.errors.HubError: the Hub could not be reached or refused (from ``dsparkhub.io.hub_checkpoint``). With
             ``HF_HUB_OFFLINE=1`` a repo id is read from the HF cache when it was downloaded before.
         CheckpointFormatError / IncompatibleTargetError: malformed config or headers.
     """
@@ -139,7 +139,8 @@ def open_target(source: str | Path, *, endpoint: str | None = None, token: str |
         if is_manifest_name(name) or source.startswith("manifest:"):
             return target_spec_from_manifest(name)
     if is_repo_id(source, revision=True) and not source.startswith((".", "/")):
-        from dsparkhub.hub.remote import remote_checkpoint  # huggingface_hub costs ~0.2 s to import: only for Hub ids
+        # huggingface_hub costs ~0.2 s to import: only for Hub ids
+        from dsparkhub.io.hub_checkpoint import remote_checkpoint
 
         repo, _, revision = source.partition("@")
         cached = _cached_snapshot(repo, revision or None)

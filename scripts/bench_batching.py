@@ -34,7 +34,7 @@ def main() -> int:
 
     from dsparkhub.example import build_example
     from dsparkhub.torch_threads import threads_for
-    from dsparkhub.verify.prompts import load_datasets
+    from dsparkhub.prompts.datasets import load_datasets
     from dsparkhub.verify.reference.engine import ReferenceEngine
 
     ex = build_example()

@@ -176,3 +176,23 @@ def test_reads_v1_results():
     v1 = Path(__file__).parent / "data" / "results_v1.json"
     (cmp,) = compare(load_sources([v1]))
     assert cmp.concurrencies == [1] and cmp.rows[0].concurrency == 1 and 1 in cmp.load[cmp.rows[0].label]
+
+
+def test_best_n_is_read_from_the_results_by_card_and_compare(tmp_path):
+    """One best n (``VerifyResults.best_n``): the reliable best speedup, else the highest τ; never the highest
+    tokens/s of unreliable timings (compare fell back to that, the card to τ)."""
+    from dsparkhub.card.tables import serve_commands
+    from dsparkhub.compare import load_cell
+
+    p = make(tmp_path / "r.json", "d", "dspark", {(3, 1): 0.6, (7, 1): 0.5, (3, 8): 0.4, (7, 8): 0.8})
+    res = read_results(p)
+    assert res.best_n(1) == (7, True) and serve_commands(res, target="t", model="m")["n"] == 7
+    for row in res.load:  # as when no speedup at concurrency 8 is reliable
+        if row.concurrency == 8:
+            row.best_n = row.best_speedup = row.pays = None
+    by_n = {r.num_speculative_tokens: r for r in res.summary_at(8)}
+    assert by_n[7].mean_tau > by_n[3].mean_tau and by_n[3].mean_tokens_per_s > by_n[7].mean_tokens_per_s
+    assert res.best_n(8) == (7, False)
+    cell = load_cell(res, 8)
+    assert (cell.n, cell.reliable) == (7, False)
+    assert res.best_n(32) is None and load_cell(res, 32) is None

@@ -102,7 +102,7 @@ def test_refusals(pair, tmp_path):
 def test_reduced_example_drafter_stays_lossless(example, tmp_path):
     """The trained example drafter with 512 of 1024 tokens: lossless, and it still drafts."""
     from dsparkhub.verify.reference.engine import ReferenceEngine
-    from dsparkhub.verify.prompts import load_datasets
+    from dsparkhub.prompts.datasets import load_datasets
 
     plan = plan_conversion(example.deepspec_run, example.target, draft_vocab=512,
                            draft_vocab_from=[str(example.prompts)])

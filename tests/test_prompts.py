@@ -1,4 +1,4 @@
-"""dsparkhub.verify.prompts: JSONL formats, line-numbered errors, dataset specs, the built-in set, tokenizing."""
+"""dsparkhub.prompts.datasets: JSONL formats, line-numbered errors, dataset specs, the built-in set, tokenizing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dsparkhub.verify.prompts import (BUILTIN, PromptFileError, builtin_path, load_datasets, load_tokenizer,
+from dsparkhub.prompts.datasets import (BUILTIN, PromptFileError, builtin_path, load_datasets, load_tokenizer,
                                       parse_dataset_specs, read_jsonl)
 
 WORDS = ["<unk>", "<bos>", "<user>", "<assistant>", "<nothink>", "hello", "world", "what", "is", "two", "plus"]
@@ -159,7 +159,7 @@ def test_hub_target_tokenizer_offline_error(tmp_path):
 
 
 def test_a_file_that_is_not_utf8_names_the_line(tmp_path):
-    from dsparkhub.verify.prompts import PromptFileError, read_jsonl
+    from dsparkhub.prompts.datasets import PromptFileError, read_jsonl
 
     path = tmp_path / "p.jsonl"
     path.write_bytes(b'{"prompt": "a"}\n\xff\xfe{"prompt": "x"}\n')
@@ -168,7 +168,7 @@ def test_a_file_that_is_not_utf8_names_the_line(tmp_path):
 
 
 def test_a_byte_order_mark_is_accepted(tmp_path):
-    from dsparkhub.verify.prompts import read_jsonl
+    from dsparkhub.prompts.datasets import read_jsonl
 
     path = tmp_path / "bom.jsonl"
     path.write_bytes("\ufeff".encode() + b'{"prompt": "a"}\n')

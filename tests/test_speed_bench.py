@@ -1,4 +1,4 @@
-"""dsparkhub.verify.speed_bench: SPEED-Bench records (the published `turns` columns and chat-list `messages`),
+"""dsparkhub.prompts.speed_bench: SPEED-Bench records (the published `turns` columns and chat-list `messages`),
 one dataset per category, line-numbered errors, and per-category rows in a verify results file."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from dsparkhub.verify import runner
 from dsparkhub.verify.settings import VerifySettings
-from dsparkhub.verify.prompts import PromptFileError, load_datasets, parse_dataset_specs
-from dsparkhub.verify.speed_bench import read_speed_bench
+from dsparkhub.prompts.datasets import PromptFileError, load_datasets, parse_dataset_specs
+from dsparkhub.prompts.speed_bench import read_speed_bench
 from test_prompts import CHAT_TEMPLATE, make_tokenizer_folder, write_jsonl
 from test_verify_cli import FakeBackend, make_drafter, no_validate
 

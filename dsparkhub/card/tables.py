@@ -8,14 +8,16 @@ enter ``model-index`` as speedups). Does not read files (``dsparkhub.card.facts`
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 from typing import Any
 
 from dsparkhub.card.facts import public_text
+from dsparkhub.serving import ENGINES, METHODS
 from dsparkhub.verify.results.schema import ModelRef, VerifyResults
 
 
-ENGINE_LABELS = {"vllm": "vLLM offline engine", "vllm-serve": "vLLM server"}
-METHOD_LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3"}
+#: the card's names of the methods (``dsparkhub.serving.METHODS``; engines: ``ENGINES[name].label``)
+METHOD_LABELS = MappingProxyType({name: method.label for name, method in METHODS.items()})
 #: the namespace the serve commands name when the card is written without ``--repo-id`` (push refuses it)
 MODEL_PLACEHOLDER = "<your-namespace>"
 
@@ -27,23 +29,13 @@ def fmt(x: float | None, digits: int = 2, suffix: str = "", signed: bool = False
     return f"{x:{'+' if signed else ''}.{digits}f}{suffix}"
 
 
-def _best_n(res: VerifyResults) -> int:
-    """The n with the highest *reliable* mean speedup at the lowest concurrency measured (ties: the smaller n); the
-    largest mean τ when no speedup there is reliable (an unreliable figure never chooses n)."""
-    summary = res.summary_at()
-    rows = [r for r in summary if r.mean_speedup is not None and r.reliable]
-    if rows:
-        return max(rows, key=lambda r: (r.mean_speedup, -r.num_speculative_tokens)).num_speculative_tokens
-    rows = [r for r in summary if r.mean_tau is not None] or summary
-    return max(rows, key=lambda r: (r.mean_tau or 0.0, -r.num_speculative_tokens)).num_speculative_tokens
-
-
 def serve_commands(res: VerifyResults, *, target: str, model: str) -> dict[str, Any]:
-    """The ``vllm serve`` command line and the matching Python ``LLM(...)`` call for the best n of ``res``.
+    """The ``vllm serve`` command line and the matching Python ``LLM(...)`` call for the best n of ``res`` at the
+    lowest concurrency measured (:meth:`~dsparkhub.verify.results.schema.VerifyResults.best_n`).
 
     Settings (TP, max_model_len, compilation config) are those the numbers were measured under.
     """
-    n = _best_n(res)
+    n, _ = res.best_n()
     spec = {"model": model, "method": res.method, "num_speculative_tokens": n}
     s = res.settings
     cli = [f"vllm serve {target}"]
@@ -118,7 +110,8 @@ def section(res: VerifyResults, plots: tuple[str, ...]) -> dict[str, Any]:
         "title": ("CPU reference engine (dsparkhub PyTorch implementation)" if reference and
                   "cpu" in res.engine.device.lower() else
                   f"dsparkhub reference engine ({res.engine.device})" if reference else
-                  f"{ENGINE_LABELS.get(res.engine.backend, res.engine.backend)} ({res.engine.version}, "
+                  f"{ENGINES[res.engine.backend].label if res.engine.backend in ENGINES else res.engine.backend} "
+                  f"({res.engine.version}, "
                   f"{res.engine.device})"),
         "reference": reference,
         "cpu_reference": reference and "cpu" in res.engine.device.lower(),

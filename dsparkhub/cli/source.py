@@ -10,6 +10,7 @@ import click
 from dsparkhub.cli.errors import fail, handle_errors
 from dsparkhub.cli.options import ALLOW_PICKLE_HELP, OVERWRITE_HELP, ByteSize, int_list, layout_name, pickle_source
 from dsparkhub.cli.render import convert_bars, echo_json, fmt_bytes, print_plan, print_report, print_spec
+from dsparkhub.serving import engine_names
 
 
 @click.command()
@@ -37,9 +38,9 @@ def inspect(path: str, layout: str | None, as_json: bool, allow_pickle: bool) ->
 @click.option("--num-speculative-tokens", "-n", callback=lambda ctx, param, v: None if v is None else
               max(int_list(ctx, param, v)), help="The n you will serve with (3,5,7: the largest is checked).")
 @click.option("--layout", help="Force the drafter's layout instead of detecting it.")
-@click.option("--engine", type=click.Choice(["vllm", "reference"]), default="vllm", show_default=True,
-              help="The engine that will read the target's hidden states (the last layer is pre-norm in vLLM, normed "
-                   "in the reference engine's HF output_hidden_states).")
+@click.option("--engine", type=click.Choice(engine_names()), default="vllm", show_default=True,
+              help="The engine that will read the target's hidden states (the last layer is pre-norm in vLLM and "
+                   "SGLang, normed in the reference engine's HF output_hidden_states).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--deep", is_flag=True, help="Also read the drafter's tensor data and report NaN / Inf (DSH207).")
 @click.option("--save", is_flag=True, help="Also write the settings-independent outcome as validation.json into the "

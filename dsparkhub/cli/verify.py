@@ -10,13 +10,14 @@ import click
 from dsparkhub.cli.errors import fail, handle_errors
 from dsparkhub.cli.options import generation_options, int_list, json_dict
 from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progress
+from dsparkhub.serving import engine_names, method_names, sglang_algorithms
 
 
 @click.command()
 @click.argument("draft", type=click.Path())
 @click.option("--target", required=True, help="Target: HF folder (with tokenizer), or Hub repo id / served model "
               "name for the vLLM backends.")
-@click.option("--backend", type=click.Choice(["reference", "vllm", "vllm-serve", "sglang-serve"]), default="reference",
+@click.option("--backend", type=click.Choice(engine_names()), default="reference",
               show_default=True, help="reference = dsparkhub's PyTorch engine (CPU); vllm = offline LLM; "
               "vllm-serve = a running `vllm serve` (--server-url); sglang-serve = a running SGLang server "
               "(--server-url).")
@@ -25,7 +26,7 @@ from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progr
 @click.option("--datasets", multiple=True, help="Comma-separated or repeated: PATH.jsonl, NAME=PATH, builtin, "
               "builtin:math|code|chat, hub:owner/name[:file.jsonl]. Default: the built-in smoke set.")
 @generation_options(minimum=1, temperature_help="0 = greedy, which also checks that outputs are lossless.")
-@click.option("--method", type=click.Choice(["dspark", "dflash", "eagle3"]),
+@click.option("--method", type=click.Choice(method_names()),
               help="Speculative method (default: read from the drafter's config.json).")
 @click.option("--out", type=click.Path(), default="results.json", show_default=True, help="Results file.")
 @click.option("--device", help="Reference engine device (cpu, cuda).")
@@ -166,7 +167,7 @@ def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature,
 @click.option("--num-speculative-tokens", "-n", type=click.IntRange(min=1),
               help="n for vLLM's speculative config (default: the drafter's block_size, or a speculators config's "
                    "speculative_tokens).")
-@click.option("--method", type=click.Choice(["dspark", "dflash", "eagle3"]),
+@click.option("--method", type=click.Choice(method_names()),
               help="Speculative method to check the drafter with (default: read from its config.json).")
 @click.option("--dtype", default="auto", show_default=True, help="vLLM dtype for the target config.")
 @click.option("--vllm-version", help="Judge with this vLLM version's contract (what it shares from the target, which "
@@ -202,7 +203,7 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
 @click.command("sglang-check")
 @click.argument("draft", type=click.Path(exists=True, file_okay=False), required=False)
 @click.option("--target", required=True, help="Target: local HF folder (SGLang reads its config.json).")
-@click.option("--algorithm", type=click.Choice(["DSPARK", "DFLASH"]),
+@click.option("--algorithm", type=click.Choice(sglang_algorithms()),
               help="SGLang --speculative-algorithm (default: DSPARK for a Markov-head drafter, else DFLASH).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors

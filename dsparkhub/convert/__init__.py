@@ -29,11 +29,10 @@ from dsparkhub import __version__
 from dsparkhub.io.header import tensor_nbytes
 from dsparkhub.io.pickle_weights import pickle_weight_files
 from dsparkhub.layouts.deepspec_run import resolve_step_dir
-from dsparkhub.io.hashing import sha256_file, sha256_files
+from dsparkhub.io.hashing import sha256_file, sha256_files, target_fingerprint
 from dsparkhub.layouts.writing import DERIVED_TENSORS
 from dsparkhub.layouts.reading import OpenedDraft
 from dsparkhub.target import TargetSpec, target_repo_id
-from dsparkhub.verify.results.identity import target_fingerprint
 from dsparkhub.io.writer import SourceBytes, write_json, write_shards
 from dsparkhub.io.output import atomic_output, refuse_overlap
 from dsparkhub.io.ownership import claim_output

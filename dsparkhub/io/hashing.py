@@ -2,7 +2,8 @@
 
 sha256 over file bytes in 8 MiB chunks; several files are hashed in parallel threads (hashlib releases the GIL on
 large buffers, so two cores are used). A checkpoint *fingerprint* identifies a drafter independently of where it
-lies: the sha256 of the sorted ``name sha256`` lines of its config and weight files.
+lies: the sha256 of the sorted ``name sha256`` lines of its config and weight files. A *target* fingerprint
+(:func:`target_fingerprint`) hashes the config and the safetensors headers only: a target's weights are too large.
 
 :func:`hash_and_scan` also counts NaN / Inf in every ``*.safetensors`` file in the same pass: each 8 MiB chunk, once
 read, is handed to a :class:`~dsparkhub.io.finite.FiniteScan` by the reader thread (numpy on the raw bytes of each
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dsparkhub.errors import ResultsError
 from dsparkhub.io.finite import FiniteScan, NonFinite
 
 CHUNK = 8 << 20
@@ -121,3 +124,34 @@ def checkpoint_fingerprint(folder: str | Path, hashes: dict[str, str] | None = N
     missing = sha256_files([p for p in files if str(p) not in known])
     lines = "".join(f"{p.name} {known.get(str(p)) or missing[str(p)]}\n" for p in files)
     return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def target_fingerprint(folder: str | Path) -> str | None:
+    """A cheap identity of a local target: sha256 over ``config.json`` and every safetensors *header*.
+
+    Hashing a 1T-parameter target's weights would take hours, so this hashes what defines its layout and names
+    (config bytes; each ``*.safetensors`` file name, size and JSON header, which holds every tensor's dtype, shape
+    and offsets). Returns None when ``folder`` is not a local directory (a Hub repo id, a served model name).
+
+    Raises:
+        ResultsError: a safetensors file is shorter than the header length it declares.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    h = hashlib.sha256()
+    config = folder / "config.json"
+    if config.is_file():
+        h.update(b"config.json\n" + config.read_bytes() + b"\n")
+    for p in sorted(folder.glob("*.safetensors")):
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ResultsError(f"safetensors file is {size} bytes, too short for a header", path=p)
+            (n,) = struct.unpack("<Q", head)
+            header = f.read(n)
+            if len(header) != n:
+                raise ResultsError(f"safetensors header declares {n} bytes but the file holds {size}", path=p)
+        h.update(f"{p.name} {size}\n".encode() + header + b"\n")
+    return h.hexdigest()

@@ -18,16 +18,35 @@ Does not: read files (the pass is made by :func:`dsparkhub.validate.validate_bas
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsparkhub.serving import ENGINES
+
 from dsparkhub.validate.report import DEEP_CODES, SEVERITY_ORDER, Collector, Finding, ValidationReport
 
-#: where each engine reads a target layer's state: ``raw`` = the decoder layer's output before the final norm
-#: (vLLM 0.32 model_executor/models/qwen2.py:430-445 ``_maybe_add_hidden_state`` before ``self.norm``, which Qwen3
-#: inherits; deepseek_v4/nvidia/model.py:1482-1495), ``normed`` = HF ``output_hidden_states``, whose last entry is
-#: the final norm's output (the reference engine; DeepSpec eval/base_evaluator.py:100-112).
-ENGINE_FINAL_LAYER_STATE = {"vllm": "raw", "reference": "normed"}
+#: where each engine reads a target layer's state (``dsparkhub.serving.Engine.final_layer_state``): ``raw`` = the
+#: decoder layer's output before the final norm (vLLM 0.32 model_executor/models/qwen2.py:430-445
+#: ``_maybe_add_hidden_state`` before ``self.norm``, which Qwen3 inherits; deepseek_v4/nvidia/model.py:1482-1495),
+#: ``normed`` = HF ``output_hidden_states``, whose last entry is the final norm's output (the reference engine;
+#: DeepSpec eval/base_evaluator.py:100-112). A view of the table, so an engine added there is known here.
+
+
+class _FinalLayerStates(Mapping):
+    """``{engine name: "raw" | "normed"}``, read from :data:`dsparkhub.serving.ENGINES` at each lookup."""
+
+    def __getitem__(self, name: str) -> str:
+        return ENGINES[name].final_layer_state
+
+    def __iter__(self):
+        return iter(ENGINES)
+
+    def __len__(self) -> int:
+        return len(ENGINES)
+
+
+ENGINE_FINAL_LAYER_STATE: Mapping[str, str] = _FinalLayerStates()
 #: substrings of a drafter's path from which vLLM 0.32 guesses another method when ``method`` is not passed.
 METHOD_SNIFFS = ("eagle-", "eagle3", "dflash")
 
@@ -124,7 +143,7 @@ def _final_layer(out: Collector, facts: SettingsFacts, cfg_file: str, engine: st
     if trained != served:
         out.add("DSH304", f"target layer id {L - 1} is the target's last layer: the {engine} engine reads its state "
                 f"{'after' if served == 'normed' else 'before'} the final norm "
-                f"({'HF output_hidden_states' if served == 'normed' else 'vLLM aux hidden states'}), while this "
+                f"({ENGINES[engine].final_layer_source}), while this "
                 f"{facts.layout} drafter was trained on it {'after' if trained == 'normed' else 'before'}",
                 location=f"{cfg_file} key target_layer_ids", expected=f"<= {L - 2}", found=ids,
                 hint=f"{sources}; DeepSpec's evaluator refuses these ids for the same reason "

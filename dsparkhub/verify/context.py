@@ -32,7 +32,7 @@ def context_limit(target: str | Path, max_model_len: int | None) -> tuple[int | 
     if not isinstance(c, dict):
         return None, ""
     limit = c.get("max_position_embeddings") or (c.get("text_config") or {}).get("max_position_embeddings")
-    return (limit, f"max_position_embeddings in the target's config.json") if isinstance(limit, int) else (None, "")
+    return (limit, "max_position_embeddings in the target's config.json") if isinstance(limit, int) else (None, "")
 
 
 def check_new_tokens(target: str | Path, max_model_len: int | None, max_new_tokens: int, allow: bool) -> None:

@@ -1,18 +1,21 @@
-"""The verify backends by name: which engine measures (reference PyTorch engine, vLLM offline, ``vllm serve``,
-an SGLang server), the settings each one takes, and the speculative method of a drafter. Each backend's module is
-imported only when it is constructed, so ``dsparkhub verify --backend reference`` never imports vLLM."""
+"""The verify backends by name: construct one from its row of :data:`dsparkhub.serving.ENGINES` (reference PyTorch
+engine, vLLM offline, ``vllm serve``, an SGLang server), refuse the settings it does not take, and read the
+speculative method of a drafter. Each backend's module is imported only when it is constructed, so ``dsparkhub verify
+--backend reference`` never imports vLLM. The engines themselves, their names and what each supports are data in
+:mod:`dsparkhub.serving`; nothing here names one."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from dsparkhub.errors import CheckpointFormatError, EngineUnavailableError
-from dsparkhub.verify.results.schema import METHODS
+from dsparkhub.serving import ENGINES, Engine, method_names, server_engine_names
 from dsparkhub.verify.settings import EngineOptionError
 from dsparkhub.verify.stats import Backend
 
-BACKEND_NAMES = ("reference", "vllm", "vllm-serve", "sglang-serve")
-SERVER_BACKENDS = ("vllm-serve", "sglang-serve")
+def engine_entry(backend: str | Backend) -> Engine | None:
+    """The table row of a backend name, or of a ready backend's ``name`` (None: not an engine of the table)."""
+    return ENGINES.get(backend if isinstance(backend, str) else getattr(backend, "name", ""))
 
 
 def detect_method(draft: str | Path) -> str:
@@ -32,9 +35,9 @@ def detect_method(draft: str | Path) -> str:
 
     # a DeepSpec run folder: its step_latest (as every reader follows it)
     method = method_for_drafter(resolve_step_dir(draft) if Path(draft).is_dir() else draft)
-    if method not in METHODS:
+    if method not in method_names():
         raise CheckpointFormatError(f"the drafter's method is {method!r}; dsparkhub verify records "
-                                    f"{', '.join(METHODS)}", path=draft, hint="pass --method to override")
+                                    f"{', '.join(method_names())}", path=draft, hint="pass --method to override")
     return method
 
 
@@ -46,9 +49,10 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
     """Construct a verify backend by name, importing its module only now.
 
     Args:
-        name: ``reference`` (dsparkhub's PyTorch engine, CPU or CUDA), ``vllm`` (vLLM offline ``LLM`` in a child
-            process), ``vllm-serve`` (a running ``vllm serve`` at ``server_url``) or ``sglang-serve`` (a running SGLang
-            server, :mod:`dsparkhub.verify.sglang.backend`).
+        name: a key of :data:`dsparkhub.serving.ENGINES`: ``reference`` (dsparkhub's PyTorch engine, CPU or CUDA),
+            ``vllm`` (vLLM offline ``LLM`` in a child process), ``vllm-serve`` (a running ``vllm serve`` at
+            ``server_url``) or ``sglang-serve`` (a running SGLang server, :mod:`dsparkhub.verify.sglang.backend`).
+            The row's ``arguments`` say which of the values below its class is constructed with.
         target / draft: target and drafter (folders, or what the engine accepts).
         method: ``dspark`` | ``dflash`` | ``eagle3`` (always passed explicitly to vLLM).
         device: ``cpu`` / ``cuda`` for the reference engine (None = its default).
@@ -64,27 +68,18 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
     """
     check_engine_options(name, device=device, tensor_parallel_size=tensor_parallel_size,
                           confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url)
-    if name == "reference":
-        try:
-            from dsparkhub.verify.reference.engine import ReferenceEngine
-        except ImportError as exc:
-            raise EngineUnavailableError(f"the reference engine cannot be imported: {exc}") from exc
-        # The method is read by dsparkhub.verify.reference.modeling from the drafter config; the seed goes to each run.
-        return ReferenceEngine(target, draft, device=device or "cpu", confidence_threshold=confidence_threshold)
-    if name == "sglang-serve":
-        from dsparkhub.verify.sglang.backend import SglangServerBackend
-
-        return SglangServerBackend.from_options(server_url, baseline_url=baseline_url)
-    from dsparkhub.verify.vllm.offline import VllmBackend
-    from dsparkhub.verify.vllm.server import VllmServerBackend
-
-    if name == "vllm":
-        return VllmBackend.from_options(target, draft, method=method, tensor_parallel_size=tensor_parallel_size,
-                                        max_model_len=max_model_len, compilation_config=compilation_config,
-                                        **({"speculative_extra": speculative_config} if speculative_config else {}))
+    engine = ENGINES[name]
+    values = {"target": target, "draft": draft, "method": method, "device": device,
+              "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len,
+              "compilation_config": compilation_config, "confidence_threshold": confidence_threshold,
+              "server_url": server_url, "baseline_url": baseline_url, "speculative_config": speculative_config or None}
+    try:
+        cls = engine.load()
+    except ImportError as exc:
+        raise EngineUnavailableError(f"the {engine.label} ({name}) cannot be imported: {exc}") from exc
     # A running server's settings were fixed at launch; TP / max_model_len / compilation config are recorded
-    # in the results as given, so give the values the servers were started with.
-    return VllmServerBackend.from_options(server_url, baseline_url=baseline_url)
+    # in the results as given (Engine.settings), so give the values the servers were started with.
+    return cls(**{kw: values[key] for key, kw in engine.arguments.items() if values[key] is not None})
 
 
 def check_engine_options(name: str, *, device: str | None, tensor_parallel_size: int,
@@ -96,26 +91,25 @@ def check_engine_options(name: str, *, device: str | None, tensor_parallel_size:
     Raises:
         EngineOptionError: naming the setting and the backend that takes it.
     """
-    if name not in BACKEND_NAMES:
-        raise EngineOptionError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
-    if name not in SERVER_BACKENDS and (server_url or baseline_url):
-        raise EngineOptionError("--server-url / --baseline-url are only for --backend vllm-serve / sglang-serve")
-    if name == "reference":
-        if tensor_parallel_size != 1:
-            raise EngineOptionError(f"the reference engine runs on one device; --tp {tensor_parallel_size} needs "
-                                    "--backend vllm")
+    engine = ENGINES.get(name)
+    if engine is None:
+        raise EngineOptionError(f"unknown backend {name!r}; expected one of {', '.join(ENGINES)}")
+    servers = " / ".join(server_engine_names())
+    if not engine.server and (server_url or baseline_url):
+        raise EngineOptionError(f"--server-url / --baseline-url are only for --backend {servers}")
+    if "tensor_parallel_size" not in engine.settings and tensor_parallel_size != 1:
+        raise EngineOptionError(f"the {name} engine runs on one device; --tp {tensor_parallel_size} needs "
+                                "--backend vllm")
+    if "confidence_threshold" not in engine.settings and confidence_threshold is not None:
+        raise EngineOptionError(f"the {engine.label} has no confidence threshold (the reference engine's proposal "
+                                "truncation; vLLM 0.32 offers adaptive verification, a cost model); drop "
+                                "--confidence-threshold or use --backend reference")
+    if "device" not in engine.settings and device is not None:
+        raise EngineOptionError(f"--device is for the reference engine; {engine.label} picks its own device")
+    if "device" in engine.settings:
         check_torch_device(device)
-        return
-    if confidence_threshold is not None:
-        raise EngineOptionError("vLLM 0.32 has no confidence threshold (it offers adaptive verification, a cost "
-                                "model); drop --confidence-threshold or use --backend reference")
-    if device is not None:
-        raise EngineOptionError("--device is for the reference engine; vLLM picks its own device")
-    if name == "sglang-serve" and not server_url:
-        raise EngineOptionError("--backend sglang-serve needs --server-url (an SGLang server started with "
-                                "--speculative-algorithm DSPARK / DFLASH) and --baseline-url (the same target without)")
-    if name == "vllm-serve" and not server_url:
-        raise EngineOptionError("--backend vllm-serve needs --server-url (a `vllm serve` started with the drafter) "
+    if engine.server and not server_url:
+        raise EngineOptionError(f"--backend {name} needs --server-url (the {engine.label} started with the drafter) "
                                 "and --baseline-url (the same target without a drafter)")
 
 

@@ -38,14 +38,15 @@ from typing import Callable
 
 from dsparkhub.errors import DsparkhubError, EngineUnavailableError, VerifyError
 from dsparkhub.io.hashing import checkpoint_fingerprint
+from dsparkhub.serving import method_names
 from dsparkhub.target import public_name
 from dsparkhub.validate.record import validate_reusing
 from dsparkhub.validate.report import validation_error
 from dsparkhub.verify.context import check_new_tokens, check_prompts
-from dsparkhub.verify.engines import SERVER_BACKENDS, check_engine_options, detect_method, make_backend
+from dsparkhub.verify.engines import check_engine_options, detect_method, engine_entry, make_backend
 from dsparkhub.verify.results.derive import build_results, no_acceptance
 from dsparkhub.verify.results.identity import target_fingerprint
-from dsparkhub.verify.results.schema import METHODS, EngineInfo, ModelRef, Settings, VerifyResults
+from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings, VerifyResults
 from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
 from dsparkhub.verify.stats import Backend, RunStats
 
@@ -173,12 +174,12 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
         check_engine_options(backend, device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
                               confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
                               baseline_url=settings.baseline_url)
-        if backend == "sglang-serve" and max(load.concurrency) > 1:  # refused before any model loads
+        if engine_entry(backend).batching is None and max(load.concurrency) > 1:  # refused before any model loads
             raise EngineOptionError(f"backend {backend} runs one request at a time, so --concurrency "
                                     f"{max(load.concurrency)} is out of its reach; measure serving load with "
                                     "--backend reference (batched decoding)", hint="drop --concurrency")
-    if method is not None and method not in METHODS:
-        raise VerifyArgumentError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    if method is not None and method not in method_names():
+        raise VerifyArgumentError(f"unknown method {method!r}; expected one of {', '.join(method_names())}")
     try:
         detected = detect_method(draft)
     except DsparkhubError:
@@ -199,7 +200,11 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                                   hint="give a path in an existing (or new) folder")
     if out is not None:
         check_results_path(out, overwrite=overwrite)
-    if backend == "vllm":
+    row = engine_entry(backend)  # a ready backend: the row of its name (None: no row, e.g. a test's stand-in)
+    if isinstance(backend, str) and method is not None and method not in row.methods:
+        raise EngineUnavailableError(f"the {row.label} ({row.name}) does not serve {method} drafters; it serves "
+                                     f"{', '.join(row.methods)}", hint="pick another --backend")
+    if isinstance(backend, str) and method in row.gpu_methods:
         refuse_dspark_without_gpu(method)
     noted: list[str] = []  # stored in the results file as `warnings`, and passed on to `warn`
 
@@ -212,13 +217,12 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
         note(line)
     if check:
         # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
-        served_name = backend in SERVER_BACKENDS and not Path(target).is_dir()
+        served_name = isinstance(backend, str) and row.server and not Path(target).is_dir()
         if validate_fn is not None:
             validate_fn(draft, None if served_name else target, max(ns))
         else:
-            name = backend if isinstance(backend, str) else getattr(backend, "name", "")
             _validate(draft, None if served_name else target, max(ns), note,
-                      engine="reference" if name == "reference" else "vllm", validation=validation, told=warn)
+                      engine=row.name if row is not None else "vllm", validation=validation, told=warn)
 
     from dsparkhub.verify.prompts import load_datasets
 
@@ -226,7 +230,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     check_prompts(data, target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context, note)
 
     owned = isinstance(backend, str)
-    if owned and backend in ("vllm", "vllm-serve") and load.concurrency != (1,):  # vllm serve + vllm bench serve
+    if owned and row.batching == "bench-serve" and load.concurrency != (1,):  # vllm serve + vllm bench serve
         from dsparkhub.verify.vllm.sweep import sweep_backend
 
         engine = sweep_backend(backend, target=target, draft=draft, method=method, concurrency=load.concurrency,

@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsparkhub import __version__
 from dsparkhub.errors import VerifyError
 from dsparkhub.verify.costs import PROFILE_REPLAYS, LawRow, StepCosts, latency_law, profile_costs
 from dsparkhub.verify.reference.policies import Policy, Scheduler, read_temperatures

@@ -29,6 +29,7 @@ from pathlib import Path
 from dsparkhub.errors import DsparkhubError, EngineUnavailableError
 from dsparkhub.layouts.reading import open_draft
 from dsparkhub.layouts.spec import DraftSpec
+from dsparkhub.serving import ENGINES
 
 ADAPTIVE_MODES = ("off", "on", "both")
 ADAPTIVE_KEY = "enable_adaptive_verification"  # vLLM 0.32 SpeculativeConfig field
@@ -144,6 +145,12 @@ def has_confidence_head(draft: str | Path) -> bool:
     return bool(spec and spec.confidence_head)
 
 
+def _takes_speculative_config(backend: str) -> bool:
+    """Whether the engine ``backend`` passes extra keys into vLLM's ``speculative_config`` (``dsparkhub.serving``)."""
+    engine = ENGINES.get(backend)
+    return engine is not None and "speculative_config" in engine.settings
+
+
 def check_adaptive(mode: str, *, backend: str, method: str | None, draft: str | Path,
                    cuda: bool | None = None) -> None:
     """Refuse adaptive verification where vLLM 0.32 cannot run it, before anything loads (``off`` always passes).
@@ -161,8 +168,10 @@ def check_adaptive(mode: str, *, backend: str, method: str | None, draft: str | 
     """
     if not any(adaptive_arms(mode)):
         return
-    if backend != "vllm":
-        where = ("the reference engine has no verification cost model" if backend == "reference" else
+    engine = ENGINES.get(backend)
+    if not _takes_speculative_config(backend):
+        where = (f"the {engine.label if engine else backend} has no verification cost model"
+                 if engine is None or not engine.server else
                  "a running server's speculative config was fixed when it started (start it with "
                  f"--speculative-config '{{..., \"{ADAPTIVE_KEY}\": true}}' and measure it as any other server)")
         raise SpecOptionError(f"--adaptive-verification {mode} needs --backend vllm: {where}",
@@ -223,7 +232,7 @@ def prepare(options: "SpecOptions", ns: list[int], *, draft: str | Path, tempera
     """
     refuse_lossy_rejection(options.speculative_config, temperature)
     name = backend if isinstance(backend, str) else getattr(backend, "name", "")
-    if options.speculative_config and name != "vllm":
+    if options.speculative_config and not _takes_speculative_config(name):
         keys = ", ".join(sorted(options.speculative_config))
         raise SpecOptionError(f"speculative-config keys ({keys}) are passed to vLLM's speculative_config by "
                               f"--backend vllm only; backend {name} does not take them",

@@ -17,8 +17,9 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from dsparkhub.errors import ResultsError
+from dsparkhub.serving import ENGINES
 from dsparkhub.verify.results.derive import assess_run, conditional_acceptance, load_rows, summarize
-from dsparkhub.verify.results.schema import BACKENDS, METHODS, ORDERS, SCHEMA, SCHEMA_V1, VerifyResults
+from dsparkhub.verify.results.schema import METHODS, ORDERS, SCHEMA, SCHEMA_V1, VerifyResults
 
 _ADAPTER = TypeAdapter(VerifyResults)
 
@@ -46,9 +47,9 @@ def results_from_dict(data: Any, *, path: str | Path | None = None) -> VerifyRes
         raise _error([_describe_error(e) for e in exc.errors()], path) from None
     if out.method not in METHODS:
         raise ResultsError(f"key `method` is {out.method!r}, expected one of {', '.join(METHODS)}", path=path)
-    if out.engine.backend not in BACKENDS:
+    if out.engine.backend not in ENGINES:
         raise ResultsError(f"key `engine.backend` is {out.engine.backend!r}, expected one of "
-                           f"{', '.join(BACKENDS)}", path=path)
+                           f"{', '.join(ENGINES)}", path=path)
     if out.settings.order not in ORDERS:
         raise ResultsError(f"key `settings.order` is {out.settings.order!r}, expected one of "
                            f"{', '.join(ORDERS)}", path=path)

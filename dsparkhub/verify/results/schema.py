@@ -15,7 +15,9 @@ schema                                     str                  ``"dsparkhub.ver
 dsparkhub_version                          str                  version of dsparkhub that wrote the file
 date                                       str                  UTC ISO 8601 time the run finished
 method                                     str                  ``dspark`` | ``dflash`` | ``eagle3``
-engine.backend                             str                  ``reference`` | ``vllm`` | ``vllm-serve``
+engine.backend                             str                  an engine of ``dsparkhub.serving.ENGINES``:
+                                                                ``reference`` | ``vllm`` | ``vllm-serve`` |
+                                                                ``sglang-serve``
 engine.version                             str                  engine version (``vllm 0.32.0``)
 engine.device                              str                  what ran it, in words (``cpu (2 threads)``)
 target.id                                  str                  Hub repo id (a local folder's, when known), else the
@@ -107,11 +109,13 @@ from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass
 
 from dsparkhub.errors import LosslessMismatchError
+from dsparkhub.serving import method_names
 
 SCHEMA = "dsparkhub.verify.results/2"
 SCHEMA_V1 = "dsparkhub.verify.results/1"
-METHODS = ("dspark", "dflash", "eagle3")
-BACKENDS = ("reference", "vllm", "vllm-serve")
+#: the methods a results file records (``dsparkhub.serving.METHODS``; an engine's names are read from
+#: ``dsparkhub.serving.ENGINES`` when a file is read, so an engine added there is accepted)
+METHODS = method_names()
 ORDERS = ("interleaved", "configuration-outer")
 DEFAULT_SPREAD_LIMIT = 0.2
 
@@ -343,6 +347,28 @@ class VerifyResults:
         if concurrency is None:
             concurrency = self.settings.concurrency[0] if self.settings.concurrency else 1
         return [r for r in self.summary if r.concurrency == concurrency]
+
+    def best_n(self, concurrency: int | None = None) -> tuple[int, bool] | None:
+        """The n to serve with at ``concurrency`` (None: the lowest measured), and whether a reliable speedup chose it.
+
+        The ``load`` row's ``best_n`` there (the highest *reliable* mean speedup, ties to the smaller n) with True;
+        where no speedup there is reliable, the n with the highest mean τ (ties: the smaller n) with False, since τ
+        is counted, not timed, and an unreliable timing never chooses n. ``card`` (its serve commands) and
+        ``compare`` (its load cells) both read this.
+
+        Returns:
+            ``(n, reliable)``, or None when nothing was measured at ``concurrency``.
+        """
+        if concurrency is None:
+            concurrency = self.settings.concurrency[0] if self.settings.concurrency else 1
+        best = next((r.best_n for r in self.load if r.concurrency == concurrency and r.best_n is not None), None)
+        if best is not None:
+            return best, True
+        rows = self.summary_at(concurrency)
+        if not rows:
+            return None
+        rows = [r for r in rows if r.mean_tau is not None] or rows
+        return max(rows, key=lambda r: (r.mean_tau or 0.0, -r.num_speculative_tokens)).num_speculative_tokens, False
 
     def first_mismatch(self) -> tuple[str, RunResult] | None:
         """(dataset name, run) of the first run whose greedy outputs differ from the baseline, or None."""

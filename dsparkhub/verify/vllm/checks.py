@@ -48,11 +48,12 @@ from pathlib import Path
 from typing import Any
 
 from dsparkhub.errors import CheckpointNotFoundError, VerifyError
+from dsparkhub.serving import method_names
 
 __all__ = ["StageResult", "StagedReport", "VllmCheckReport", "check_with_vllm"]
 
 PASSED, FAILED, REFUSED, SKIPPED = "passed", "failed", "refused", "skipped"
-METHODS = ("dspark", "dflash", "eagle3")
+METHODS = method_names()
 
 
 def serves_method(arch: str, method: str) -> bool:

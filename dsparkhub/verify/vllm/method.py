@@ -14,10 +14,11 @@ from dsparkhub.errors import LayoutError
 from dsparkhub.layouts.deepspec_run import resolve_step_dir
 from dsparkhub.layouts.reading import open_draft
 from dsparkhub.layouts.spec import DraftSpec
+from dsparkhub.serving import METHODS
 
 #: DraftSpec.variant -> the vLLM 0.32 speculative method that serves it (``config/speculative.py``; vLLM loads
-#: DFlash-2 drafters, ``DFlash2DraftModel``, with method ``dflash``).
-VLLM_METHODS = {"dspark": "dspark", "dflash": "dflash", "dflash2": "dflash", "eagle3": "eagle3"}
+#: DFlash-2 drafters, ``DFlash2DraftModel``, with method ``dflash``): ``dsparkhub.serving.METHODS``' variants.
+VLLM_METHODS = {variant: m.name for m in METHODS.values() for variant in m.variants}
 
 
 def method_for_spec(spec: DraftSpec) -> str:

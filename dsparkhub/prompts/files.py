@@ -1,5 +1,5 @@
-"""What every prompt-file reader shares (:mod:`dsparkhub.verify.prompts`, :mod:`dsparkhub.verify.speed_bench`): the
-record read from a file, the error naming the file and line, and fetching a file from a Hub dataset repo."""
+"""What every prompt-file reader shares (:mod:`dsparkhub.prompts.datasets`, :mod:`dsparkhub.prompts.speed_bench`):
+the record read from a file, the error naming the file and line, and fetching a file from a Hub dataset repo."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsparkhub.errors import DsparkhubError
-from dsparkhub.hub.datasets import fetch_dataset_jsonl
+from dsparkhub.io.hub_datasets import fetch_dataset_jsonl
 
 
 class PromptFileError(DsparkhubError, ValueError):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dsparkhub.verify.prompt_files import PromptFileError, PromptRecord, fetch_hub_file, jsonl_objects
+from dsparkhub.prompts.files import PromptFileError, PromptRecord, fetch_hub_file, jsonl_objects
 
 PREFIX = "speed-bench:"
 DEFAULT_NAME = "speed-bench"
