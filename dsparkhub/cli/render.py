@@ -105,7 +105,9 @@ def convert_bars():
             bar.close()
 
 
-def print_push(report) -> None:
+def print_push_plan(report) -> None:
+    """The plan of a push: where, one line per file (action, local and remote size), the counts, validation.
+    Printed before the upload starts (``push(on_plan=...)``), or with the report of a dry run."""
     plan = report.plan
     where = f"{plan.repo_id}@{plan.revision}"
     state = ("new repo" if not plan.repo_exists else "new branch from main" if not plan.branch_exists
@@ -124,8 +126,15 @@ def print_push(report) -> None:
     if report.validation is not None:
         v = report.validation
         click.echo(f"validation: {'ok' if v['ok'] else 'FORCED'} ({v['errors']} error(s), {v['warnings']} warning(s))")
+
+
+def print_push(report, *, plan_shown: bool = False) -> None:
+    """A push report: the plan (unless ``plan_shown``: already printed before the upload), the notes, the outcome."""
+    if not plan_shown:
+        print_push_plan(report)
     for note in report.notes:
         click.echo(f"note: {note}")
+    plan = report.plan
     if report.dry_run:
         click.echo("dry run: nothing was written to the Hub")
         if plan.parent_commit:

@@ -199,7 +199,9 @@ def sglang_check(draft: str | None, target: str, algorithm: str | None, as_json:
     if as_json:
         echo_json(report.to_dict())
     else:
-        echo_stages(f"{report.draft}  (SGLang {report.sglang_version}, --speculative-algorithm {report.algorithm})",
+        # without DRAFT, SGLang resolves the drafter itself; when it cannot, there is no path to name
+        what = report.draft or f"(no drafter path: SGLang looked for one in {report.target})"
+        echo_stages(f"{what}  (SGLang {report.sglang_version}, --speculative-algorithm {report.algorithm})",
                     report.stages)
     if not report.ok:
         fail()
