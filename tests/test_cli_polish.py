@@ -21,7 +21,6 @@ import dsparkhub.hub.push as hub_mod
 from dsparkhub.cli import main
 from dsparkhub.cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from dsparkhub.errors import CardError
-from dsparkhub.hub.files import missing_image_links
 
 # ---------------------------------------------------------------------------------------------- --debug anywhere
 
@@ -107,6 +106,8 @@ def test_push_refuses_a_card_that_links_a_missing_image(tmp_path):
     ('<IMG alt=x SRC="sub/p.png">', ["sub/p.png"]),
 ])
 def test_missing_image_links(text, missing):
+    from dsparkhub.hub.files import missing_image_links
+
     assert missing_image_links(text, {"a.png", "b c.png"}) == missing
 
 
