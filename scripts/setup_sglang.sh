@@ -29,7 +29,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP="$VENV/bin/pip"
 "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
-  || phase "torch 2.13.0 (CPU build) into $VENV" "~1 min" "$PIP" install torch==2.13.0
+  || phase "torch 2.13.0 (CPU build) into $VENV" "~30 s" "$PIP" install torch==2.13.0
 CONSTRAINTS="$VENV/dsparkhub-constraints.txt"
 echo "torch==2.13.0" > "$CONSTRAINTS"
 phase "sglang 0.5.23 without its CUDA dependencies into $VENV" "~10 s" "$PIP" install --no-deps sglang==0.5.23

@@ -15,7 +15,7 @@ if [ ! -x "$V/bin/python" ]; then
   phase "create $V" "~5 s" "$PY" -m venv "$V"
   phase "upgrade pip in $V" "~5 s" "$V/bin/pip" install --upgrade pip
 fi
-"$V/bin/python" -c "import torch" 2>/dev/null || phase "torch 2.13.0 (CPU build) into $V" "~1 min" \
+"$V/bin/python" -c "import torch" 2>/dev/null || phase "torch 2.13.0 (CPU build) into $V" "~30 s" \
   "$V/bin/pip" install torch==2.13.0
 phase "speculators 0.9.0 + dflash 0.1.0 into $V" "~30 s" "$V/bin/pip" install torch==2.13.0 speculators==0.9.0 \
   dflash==0.1.0

@@ -252,3 +252,53 @@ def test_dsh106_still_flags_an_implicit_one_plus_n_drafter(models):
     out = Collector()
     check_intrinsic(d, out)
     assert "DSH106" in {f.code for f in out.items}
+
+
+# ---------------------------------------------------------------------------------------------- silent phases
+
+
+@pytest.mark.parametrize("seconds, shown", [(0.05, False), (0.6, True)])
+def test_working_shows_a_long_step_after_its_delay_and_clears_it(capsys, seconds, shown):
+    import time
+
+    from dsparkhub.cli.render import working
+
+    with working("linking", delay_s=0.3):
+        time.sleep(seconds)
+    err = capsys.readouterr().err
+    assert ("linking: 00:00" in err) is shown
+    assert err == "" or err.endswith("\r") and err.rsplit("\r", 2)[-2].strip() == ""  # cleared, no line left
+
+
+@pytest.mark.parametrize("args, module, what", [
+    (["detach", "{tmp}/missing", "--out", "{tmp}/o"], "source", "detaching"),
+    (["convert", "{tmp}/missing", "--attach", "{tmp}/t", "--out", "{tmp}/o"], "source", "attaching"),
+    (["convert", "{tmp}/missing", "--attach", "{tmp}/t", "--attach-as", "dspark-subfolder", "--out", "{tmp}/o"],
+     "source", "attaching"),
+    (["vllm-check", "{tmp}", "--target", "{tmp}"], "verify", "vLLM's checks"),
+    (["sglang-check", "{tmp}", "--target", "{tmp}"], "verify", "SGLang's checks"),
+])
+def test_silent_commands_show_their_step(tmp_path, monkeypatch, args, module, what):
+    import contextlib
+    import importlib
+
+    import dsparkhub.verify.sglang.checks as sglang_checks
+    import dsparkhub.verify.vllm.checks as vllm_checks
+    from dsparkhub.errors import VerifyError
+
+    def refused(*a, **k):
+        raise VerifyError("stopped here by the test")
+
+    monkeypatch.setattr(vllm_checks, "check_with_vllm", refused)
+    monkeypatch.setattr(sglang_checks, "check_with_sglang", refused)
+    entered = []
+
+    @contextlib.contextmanager
+    def working(desc, **kwargs):
+        entered.append(desc)
+        yield
+
+    monkeypatch.setattr(importlib.import_module(f"dsparkhub.cli.{module}"), "working", working)
+    res = CliRunner().invoke(main, [a.format(tmp=tmp_path) for a in args])
+    assert res.exit_code == EXIT_FAILED, res.output
+    assert len(entered) == 1 and entered[0].startswith(what)

@@ -105,6 +105,31 @@ def convert_bars():
             bar.close()
 
 
+@contextlib.contextmanager
+def working(desc: str, *, delay_s: float = 2.0):
+    """A one-line "DESC: 12s" on stderr, shown once the block runs past ``delay_s`` and cleared when it ends, for a
+    step that reports no progress of its own (attach, detach, an engine check in a child process)."""
+    import threading
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=None, desc=desc, bar_format="{desc}: {elapsed}", file=sys.stderr, delay=delay_s, leave=False)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.5):
+            bar.update(0)  # tqdm redraws on updates only (after its delay); this block makes none
+
+    thread = threading.Thread(target=tick, name="dsparkhub-working", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        bar.close()
+
+
 def print_push_plan(report) -> None:
     """The plan of a push: where, one line per file (action, local and remote size), the counts, validation.
     Printed before the upload starts (``push(on_plan=...)``), or with the report of a dry run."""

@@ -9,7 +9,7 @@ import click
 
 from dsparkhub.cli.errors import fail, handle_errors
 from dsparkhub.cli.options import generation_options, int_list, json_dict
-from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progress
+from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progress, working
 
 
 @click.command()
@@ -170,8 +170,9 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
     not a failure)."""
     from dsparkhub.verify.vllm.checks import check_with_vllm
 
-    report = check_with_vllm(draft, target, method=method, num_speculative_tokens=num_speculative_tokens,
-                             dtype=dtype)
+    with working("vLLM's checks (config, load_weights, engine) in a child process"):
+        report = check_with_vllm(draft, target, method=method, num_speculative_tokens=num_speculative_tokens,
+                                 dtype=dtype)
     if as_json:
         echo_json(report.to_dict())
     else:
@@ -195,7 +196,8 @@ def sglang_check(draft: str | None, target: str, algorithm: str | None, as_json:
     DSpark on CUDA / NPU / XPU only)."""
     from dsparkhub.verify.sglang.checks import check_with_sglang
 
-    report = check_with_sglang(draft, target, algorithm=algorithm)
+    with working("SGLang's checks (config, load_weights, engine) in .venv-sglang"):
+        report = check_with_sglang(draft, target, algorithm=algorithm)
     if as_json:
         echo_json(report.to_dict())
     else:
