@@ -32,7 +32,7 @@ PIP="$VENV/bin/pip"
   || phase "torch 2.13.0 (CPU build) into $VENV" "~30 s" "$PIP" install torch==2.13.0
 CONSTRAINTS="$VENV/dsparkhub-constraints.txt"
 echo "torch==2.13.0" > "$CONSTRAINTS"
-phase "sglang 0.5.23 without its CUDA dependencies into $VENV" "~10 s" "$PIP" install --no-deps sglang==0.5.23
+phase "sglang 0.5.23 without its CUDA dependencies into $VENV" "~20 s" "$PIP" install --no-deps sglang==0.5.23
 # pins below are the sglang 0.5.23 wheel's own (METADATA Requires-Dist) where it pins. pip then lists the ~50
 # dependencies of sglang left out on purpose as "dependency conflicts" (exit 0): expected, kept in the log only;
 # the import check at the end is what says the venv works.
