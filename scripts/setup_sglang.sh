@@ -20,25 +20,29 @@
 #   SGLANG_VENV=DIR scripts/setup_sglang.sh   build it elsewhere
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/setup_phase.sh
 PY=${PYTHON:-python3}
 VENV=${SGLANG_VENV:-.venv-sglang}
 if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip
+  phase "create $VENV" "~5 s" "$PY" -m venv "$VENV"
+  phase "upgrade pip in $VENV" "~5 s" "$VENV/bin/pip" install --upgrade pip
 fi
 PIP="$VENV/bin/pip"
 "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0')" 2>/dev/null \
-  || "$PIP" install -q torch==2.13.0
+  || phase "torch 2.13.0 (CPU build) into $VENV" "~30 s" "$PIP" install torch==2.13.0
 CONSTRAINTS="$VENV/dsparkhub-constraints.txt"
 echo "torch==2.13.0" > "$CONSTRAINTS"
-"$PIP" install -q --no-deps sglang==0.5.23
-# pins below are the sglang 0.5.23 wheel's own (METADATA Requires-Dist) where it pins
-"$PIP" install -q -c "$CONSTRAINTS" \
+phase "sglang 0.5.23 without its CUDA dependencies into $VENV" "~20 s" "$PIP" install --no-deps sglang==0.5.23
+# pins below are the sglang 0.5.23 wheel's own (METADATA Requires-Dist) where it pins. pip then lists the ~50
+# dependencies of sglang left out on purpose as "dependency conflicts" (exit 0): expected, kept in the log only;
+# the import check at the end is what says the venv works.
+phase "the CPU dependencies SGLang's checks import into $VENV" "~1 min" "$PIP" install -c "$CONSTRAINTS" \
   transformers==5.19.0 msgspec orjson psutil pybase64 requests aiohttp pillow starlette fastapi pyzmq IPython \
   apache-tvm-ffi==0.1.11 dill sentencepiece==0.2.1 gguf openai==2.8.0 partial_json_parser einops numpy tqdm \
   safetensors prometheus-client uvloop pydantic triton loguru datasets
-"$PIP" install -q --no-deps compressed-tensors==0.18.0
-"$VENV/bin/python" - <<'PY'
+phase "compressed-tensors 0.18.0 (no deps) into $VENV" "~5 s" "$PIP" install --no-deps compressed-tensors==0.18.0
+# SGLang's CPU-only import warnings (AWQ / GGUF need CUDA) are expected here
+PYTHONWARNINGS="ignore::UserWarning" "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md, sys
 sys.path.insert(0, "dsparkhub/verify/sglang")
 import child as sglang_child  # stdlib-only module: the torchvision placeholder the checks run with
@@ -48,5 +52,5 @@ for mod in ("sglang.srt.configs.model_config", "sglang.srt.models.dspark", "sgla
             "sglang.srt.speculative.dspark_components.dspark_config", "sglang.srt.server_args"):
     __import__(mod)
 assert torch.__version__.startswith("2.13.0"), torch.__version__
-print("sglang", md.version("sglang"), "| torch", torch.__version__, "| transformers", md.version("transformers"))
+print("[setup] ok: sglang", md.version("sglang"), "| torch", torch.__version__, "| transformers", md.version("transformers"))
 PY

@@ -8,13 +8,17 @@
 # `import transformers` next to the CPU torch, so they are removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/setup_phase.sh
 PY=${PYTHON:-python3}
 V=.venv-upstream
 if [ ! -x "$V/bin/python" ]; then
-  "$PY" -m venv "$V"
-  "$V/bin/pip" install -q --upgrade pip
+  phase "create $V" "~5 s" "$PY" -m venv "$V"
+  phase "upgrade pip in $V" "~5 s" "$V/bin/pip" install --upgrade pip
 fi
-"$V/bin/python" -c "import torch" 2>/dev/null || "$V/bin/pip" install -q torch==2.13.0
-"$V/bin/pip" install -q torch==2.13.0 speculators==0.9.0 dflash==0.1.0
-"$V/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$V/bin/python" -c "import torch, speculators, dflash, transformers; from importlib.metadata import version as v; print('upstream venv: torch', torch.__version__, '| speculators', v('speculators'), '| dflash', v('dflash'), '| transformers', transformers.__version__)"
+"$V/bin/python" -c "import torch" 2>/dev/null || phase "torch 2.13.0 (CPU build) into $V" "~30 s" \
+  "$V/bin/pip" install torch==2.13.0
+phase "speculators 0.9.0 + dflash 0.1.0 into $V" "~30 s" "$V/bin/pip" install torch==2.13.0 speculators==0.9.0 \
+  dflash==0.1.0
+phase "remove torchvision / torchaudio / torchcodec from $V" "~2 s" \
+  sh -c "$V/bin/pip uninstall -y torchvision torchaudio torchcodec 2>&1 || true"
+"$V/bin/python" -c "import torch, speculators, dflash, transformers; from importlib.metadata import version as v; print('[setup] ok: upstream venv: torch', torch.__version__, '| speculators', v('speculators'), '| dflash', v('dflash'), '| transformers', transformers.__version__)"

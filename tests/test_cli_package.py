@@ -10,7 +10,7 @@ from dsparkhub.errors import ValidationFailedError
 from dsparkhub.validate.report import Finding, ValidationReport, validation_error
 
 COMMANDS = {"inspect", "validate", "convert", "detach", "manifests", "skeleton", "verify", "calibrate", "card", "compare", "push",
-            "example", "vllm-check", "sglang-check", "quickstart", "schedule"}
+            "example", "vllm-check", "sglang-check", "quickstart", "schedule", "hub"}
 
 
 def test_one_group_holds_every_command():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -70,7 +71,19 @@ def _case_105(tmp, t):
 
 
 def _case_106(tmp, t):
-    return _drafter(tmp, t), t, None
+    # no shipped recipe reads a DSpark drafter as 1+N without the key (DeepSpec / TorchSpec are anchor-first, vLLM's
+    # native default): a recipe made for it, read from tmp/converters (the test sets DSPARKHUB_CONVERTERS_DIR)
+    from dsparkhub.layouts.datafiles import converters_dir
+
+    conv = tmp / "converters"
+    shutil.copytree(converters_dir(), conv)
+    text = (conv / "deepspec.yaml").read_text()
+    (conv / "deepspec.yaml").write_text(text.replace("keys_absent: [", "keys_absent: [trained_one_plus_n, "))
+    (conv / "zz-one-plus-n.yaml").write_text(
+        text.replace("name: deepspec", "name: deepspec-one-plus-n").replace("block_layout: anchor_first",
+                                                                          "block_layout: one_plus_n")
+        .replace("keys_present: [", "keys_present: [trained_one_plus_n, "))
+    return _drafter(tmp, t, config_overrides={"trained_one_plus_n": True}), t, None
 
 
 def _case_107(tmp, t):
@@ -188,8 +201,10 @@ DEEP_CODES = {"DSH207"}
 
 
 @pytest.mark.parametrize("code", sorted(CODES))
-def test_each_finding_fires(code, tmp_path, target):
+def test_each_finding_fires(code, tmp_path, target, monkeypatch):
     draft, tgt, n, *engine = CASES[code](tmp_path, target)
+    if code == "DSH106":  # its case wrote a recipe of its own there
+        monkeypatch.setenv("DSPARKHUB_CONVERTERS_DIR", str(tmp_path / "converters"))
     report = validate(draft, tgt, num_speculative_tokens=n, deep=code in DEEP_CODES,
                       engine=engine[0] if engine else "vllm")
     assert code in report.codes, [(f.code, f.message) for f in report.findings]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import traceback
 
@@ -43,6 +44,37 @@ def _debug_enabled(ctx: click.Context | None) -> bool:
     return False
 
 
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def _commands(group: click.Group, prefix: str = "dsparkhub"):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, f"{prefix} {name}")
+        else:
+            yield f"{prefix} {name}", command
+
+
+def _flags(command: click.Command) -> set[str]:
+    return {o for p in command.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+
+
+def hint_for(ctx: click.Context, hint: str) -> str:
+    """``hint`` as the running command should print it: a dsparkhub option the hint names that this command lacks is
+    followed by the commands that have it (library errors are raised from several commands: "pass --layout NAME"
+    means `dsparkhub convert --layout` when `verify` meets the drafter). Flags no dsparkhub command has (vLLM's
+    ``--speculative-config``, SGLang's ...) and options of a command the hint itself names are left alone."""
+    own = _flags(ctx.command)
+    others = dict(_commands(ctx.find_root().command)) if isinstance(ctx.find_root().command, click.Group) else {}
+    notes = []
+    for flag in dict.fromkeys(_FLAG.findall(hint)):
+        owners = [name for name, command in others.items() if flag in _flags(command)]
+        if flag in own or not owners or any(re.search(rf"\b{re.escape(n.split()[-1])}\b", hint) for n in owners):
+            continue
+        notes.append(f"{flag} is an option of {', '.join(f'`{n}`' for n in owners)}")
+    return hint + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def handle_errors(fn):
     """Turn the errors of :data:`HANDLED` into one paragraph and :data:`EXIT_FAILED`; Ctrl-C into
     :data:`EXIT_INTERRUPTED`; a closed stdout pipe into a quiet :data:`EXIT_FAILED`."""
@@ -64,6 +96,8 @@ def handle_errors(fn):
             ctx = click.get_current_context(silent=True)
             if _debug_enabled(ctx):
                 click.echo(redact(traceback.format_exc()), err=True)
+            if isinstance(exc, DsparkhubError) and exc.hint and ctx is not None:
+                exc.hint = hint_for(ctx, exc.hint)
             name = type(exc).__name__
             click.echo(redact(f"Error ({name}): {exc}"), err=True)
             sys.exit(EXIT_FAILED)

@@ -7,7 +7,15 @@ import json
 import click
 
 from dsparkhub.cli.errors import fail, handle_errors
-from dsparkhub.cli.render import echo_json, hide_transformers_progress, print_plan, print_push, print_report, print_spec
+from dsparkhub.cli.render import (
+    echo_json,
+    hide_transformers_progress,
+    print_plan,
+    print_push,
+    print_push_plan,
+    print_report,
+    print_spec,
+)
 from dsparkhub.secrets import redact
 
 
@@ -57,7 +65,8 @@ def compare(results_paths) -> None:
 @click.option("--private", is_flag=True, help="Create the repo private (no effect on an existing repo).")
 @click.option("--dry-run", is_flag=True, help="Show the plan; send only read requests.")
 @click.option("--force", is_flag=True, help="Push despite validation errors (recorded in the commit message).")
-@click.option("--endpoint", help="Hub URL (default HF_ENDPOINT or https://huggingface.co).")
+@click.option("--endpoint", help="Hub URL (default HF_ENDPOINT or https://huggingface.co); rehearse on the local "
+              "Hub of `dsparkhub hub serve` with the endpoint and --token it prints.")
 @click.option("--target", help="Target to validate against (folder or Hub repo id).")
 @click.option("--expect-head", help="Refuse unless the branch head is still this commit (the one --dry-run showed).")
 @click.option("--token", help="Hub token with write access (default HF_TOKEN or `hf auth login`).")
@@ -79,14 +88,22 @@ def push(draft, repo_id, revision, private, dry_run, force, endpoint, target, ex
 
     if create_pr and revision not in (None, "main"):
         raise click.UsageError("--create-pr opens a pull request against main; drop --revision")
+    shown = []
+
+    def on_plan(planned) -> None:  # the plan before the upload: a long upload starts with what it will send
+        if not as_json:
+            print_push_plan(planned)
+            shown.append(True)
+
     report = push_folder(draft, repo_id, revision=revision, private=private, dry_run=dry_run, force=force,
                          endpoint=endpoint, target=target, expect_head=expect_head, token=token,
                          include=list(include), exclude=list(exclude), delete=list(delete),
-                         commit_message=commit_message, commit_description=commit_description, create_pr=create_pr)
+                         commit_message=commit_message, commit_description=commit_description, create_pr=create_pr,
+                         on_plan=on_plan)
     if as_json:
         click.echo(redact(json.dumps(report.to_dict(), indent=2, default=str)))
     else:
-        print_push(report)
+        print_push(report, plan_shown=bool(shown))
 
 
 @click.group()

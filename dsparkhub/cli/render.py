@@ -105,7 +105,34 @@ def convert_bars():
             bar.close()
 
 
-def print_push(report) -> None:
+@contextlib.contextmanager
+def working(desc: str, *, delay_s: float = 2.0):
+    """A one-line "DESC: 12s" on stderr, shown once the block runs past ``delay_s`` and cleared when it ends, for a
+    step that reports no progress of its own (attach, detach, an engine check in a child process)."""
+    import threading
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=None, desc=desc, bar_format="{desc}: {elapsed}", file=sys.stderr, delay=delay_s, leave=False)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.5):
+            bar.update(0)  # tqdm redraws on updates only (after its delay); this block makes none
+
+    thread = threading.Thread(target=tick, name="dsparkhub-working", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        bar.close()
+
+
+def print_push_plan(report) -> None:
+    """The plan of a push: where, one line per file (action, local and remote size), the counts, validation.
+    Printed before the upload starts (``push(on_plan=...)``), or with the report of a dry run."""
     plan = report.plan
     where = f"{plan.repo_id}@{plan.revision}"
     state = ("new repo" if not plan.repo_exists else "new branch from main" if not plan.branch_exists
@@ -124,8 +151,15 @@ def print_push(report) -> None:
     if report.validation is not None:
         v = report.validation
         click.echo(f"validation: {'ok' if v['ok'] else 'FORCED'} ({v['errors']} error(s), {v['warnings']} warning(s))")
+
+
+def print_push(report, *, plan_shown: bool = False) -> None:
+    """A push report: the plan (unless ``plan_shown``: already printed before the upload), the notes, the outcome."""
+    if not plan_shown:
+        print_push_plan(report)
     for note in report.notes:
         click.echo(f"note: {note}")
+    plan = report.plan
     if report.dry_run:
         click.echo("dry run: nothing was written to the Hub")
         if plan.parent_commit:

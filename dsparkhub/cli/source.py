@@ -9,7 +9,7 @@ import click
 
 from dsparkhub.cli.errors import fail, handle_errors
 from dsparkhub.cli.options import ALLOW_PICKLE_HELP, OVERWRITE_HELP, ByteSize, int_list, layout_name, pickle_source
-from dsparkhub.cli.render import convert_bars, echo_json, fmt_bytes, print_plan, print_report, print_spec
+from dsparkhub.cli.render import convert_bars, echo_json, fmt_bytes, print_plan, print_report, print_spec, working
 from dsparkhub.serving import engine_names
 
 
@@ -140,8 +140,9 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
         if attach_as == "dspark-subfolder":
             from dsparkhub.attach_subfolder import attach_subfolder
 
-            r = attach_subfolder(src, attach_to, out, layout=layout, link=link or "auto", overwrite=overwrite,
-                                 force=force, max_shard_bytes=max_shard_size)
+            with working("attaching: linking the target's files, writing the drafter under dspark/"):
+                r = attach_subfolder(src, attach_to, out, layout=layout, link=link or "auto", overwrite=overwrite,
+                                     force=force, max_shard_bytes=max_shard_size)
             if as_json:
                 echo_json({"out": str(r.out), "linked": r.linked, "draft_files": r.draft_files, "notes": r.notes})
                 return
@@ -185,8 +186,9 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
 def _attach(src, target_dir, out, *, layout, link, overwrite, force, max_shard_size, as_json) -> None:
     from dsparkhub.attach import attach
 
-    r = attach(src, target_dir, out, layout=layout, link=link, overwrite=overwrite, force=force,
-               max_shard_bytes=max_shard_size)
+    with working("attaching: checking the target, linking its shards, writing the mtp.* shards"):
+        r = attach(src, target_dir, out, layout=layout, link=link, overwrite=overwrite, force=force,
+                   max_shard_bytes=max_shard_size)
     if as_json:
         echo_json({"out": str(r.out), "linked": r.linked, "added_files": r.added_files, "tensors": r.tensors,
                    "dropped": r.dropped, "config_keys": r.config_keys,
@@ -217,7 +219,8 @@ def detach(attached: str, out: str, overwrite: bool) -> None:
     """Extract the drafter of an attached (DeepSeek-V4-style) checkpoint into a standalone folder."""
     from dsparkhub.attach import detach as run_detach
 
-    r = run_detach(attached, out, overwrite=overwrite)
+    with working("detaching: reading the mtp.* tensors, writing the drafter"):
+        r = run_detach(attached, out, overwrite=overwrite)
     how = "restored exactly as attached" if r.restored else "mtp.* tensors + config (deepseek-v4 layout)"
     click.echo(f"wrote {r.out} ({', '.join(r.files)}): {how}; layout {r.layout}; "
                f"{fmt_bytes(r.drafter_bytes_read)} of drafter tensors read")

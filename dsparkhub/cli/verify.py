@@ -9,7 +9,7 @@ import click
 
 from dsparkhub.cli.errors import fail, handle_errors
 from dsparkhub.cli.options import generation_options, int_list, json_dict
-from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progress
+from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progress, working
 from dsparkhub.serving import engine_names, method_names, sglang_algorithms
 
 
@@ -183,8 +183,9 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
     from dsparkhub.verify.vllm.checks import check_with_vllm
     from dsparkhub.verify.vllm.contract import VllmContract
 
-    report = check_with_vllm(draft, target, method=method, num_speculative_tokens=num_speculative_tokens,
-                             dtype=dtype, vllm_version=vllm_version)
+    with working("vLLM's checks (config, load_weights, engine) in a child process"):
+        report = check_with_vllm(draft, target, method=method, num_speculative_tokens=num_speculative_tokens,
+                                 dtype=dtype, vllm_version=vllm_version)
     if as_json:
         echo_json(report.to_dict())
     else:
@@ -214,11 +215,14 @@ def sglang_check(draft: str | None, target: str, algorithm: str | None, as_json:
     DSpark on CUDA / NPU / XPU only)."""
     from dsparkhub.verify.sglang.checks import check_with_sglang
 
-    report = check_with_sglang(draft, target, algorithm=algorithm)
+    with working("SGLang's checks (config, load_weights, engine) in .venv-sglang"):
+        report = check_with_sglang(draft, target, algorithm=algorithm)
     if as_json:
         echo_json(report.to_dict())
     else:
-        echo_stages(f"{report.draft}  (SGLang {report.sglang_version}, --speculative-algorithm {report.algorithm})",
+        # without DRAFT, SGLang resolves the drafter itself; when it cannot, there is no path to name
+        what = report.draft or f"(no drafter path: SGLang looked for one in {report.target})"
+        echo_stages(f"{what}  (SGLang {report.sglang_version}, --speculative-algorithm {report.algorithm})",
                     report.stages)
     if not report.ok:
         fail()

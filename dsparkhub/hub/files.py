@@ -11,7 +11,10 @@ No network: the remote side is given as ``{path: RepoFile}`` read by :mod:`dspar
 
 from __future__ import annotations
 
+import posixpath
+import re
 from pathlib import Path
+from urllib.parse import unquote
 
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import filter_repo_objects
@@ -103,3 +106,22 @@ def deletions(files: dict[str, Path], remote: dict[str, RepoFile], patterns: lis
     if README in hits and README not in patterns:
         hits.discard(README)
     return hits
+
+
+#: a Markdown image ``![alt](path "title")`` or an HTML ``<img src="path">``: the path group
+_IMAGE_LINK = re.compile(r"""!\[[^\]]*\]\(\s*<?([^)\s>]+)|<img\b[^>]*?\bsrc\s*=\s*["']([^"']+)["']""", re.IGNORECASE)
+
+
+def missing_image_links(readme_text: str, present: set[str] | frozenset[str]) -> list[str]:
+    """The images a card links by relative path that are not among ``present`` (the folder's POSIX paths), in
+    order of appearance: the Hub would show them broken. URLs (``https:``, ``data:`` ...) are not checked; a
+    ``./`` prefix, ``?query`` / ``#fragment`` and %-escapes are resolved first."""
+    missing = []
+    for m in _IMAGE_LINK.finditer(readme_text):
+        link = m.group(1) or m.group(2)
+        if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", link):
+            continue
+        path = posixpath.normpath(unquote(re.split(r"[?#]", link, maxsplit=1)[0]))
+        if path not in present and link not in missing:
+            missing.append(link)
+    return missing

@@ -22,6 +22,7 @@ print (``dsparkhub.cli``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from dsparkhub.errors import (
 )
 from dsparkhub.convert import PROVENANCE_FILE
 from dsparkhub.hub.errors import HUB_ERRORS, hub_error, is_upload_failure, redactor
-from dsparkhub.hub.files import NEVER_DELETE, README, deletions, local_files, select_files
+from dsparkhub.hub.files import NEVER_DELETE, README, deletions, local_files, missing_image_links, select_files
 from dsparkhub.hub.remote import check_remote, guard_readme, lfs_objects_present, remote_state, same_file
 from dsparkhub.hub.trust import check_bytes
 from dsparkhub.io.hashing import hash_and_scan
@@ -270,12 +271,26 @@ def _diff(files: dict[str, Path], hashes: dict[str, str], remote: dict[str, Repo
 # ---- push -------------------------------------------------------------------------------------------------------
 
 
+def _check_card_images(readme: Path, in_folder: set[str]) -> None:
+    """Refuse a card that links images the drafter folder lacks (the Hub would show them broken).
+
+    Raises:
+        CardError: naming every missing link, in order.
+    """
+    missing = missing_image_links(readme.read_text(encoding="utf-8", errors="replace"), in_folder)
+    if missing:
+        raise CardError(f"{README} links {len(missing)} image(s) the folder lacks: {', '.join(missing)}", path=readme,
+                        hint="write the card again with `dsparkhub card` (it writes its plots beside it), add the "
+                             "files, or remove the links")
+
+
 def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, private: bool = False,
          dry_run: bool = False, force: bool = False, token: str | None = None, endpoint: str | None = None,
          target: str | None = None, validate: bool = True, expect_head: str | None = None,
          include: list[str] | None = None, exclude: list[str] | None = None, delete: list[str] | None = None,
          commit_message: str | None = None, commit_description: str | None = None,
-         create_pr: bool = False, validation_record=None) -> PushReport:
+         create_pr: bool = False, validation_record=None,
+         on_plan: Callable[[PushReport], None] | None = None) -> PushReport:
     """Push a drafter folder to a Hub repo as one commit, or show the plan (``dry_run``).
 
     Follows ``hf upload REPO FOLDER`` (huggingface_hub ``upload_folder``): ``include`` / ``exclude`` filter the
@@ -317,6 +332,8 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         commit_message / commit_description: the commit's summary (default: counts of the changes) and a text put
             before dsparkhub's own description (file hashes, validation, provenance).
         create_pr: open a pull request against ``main`` instead of committing to it (``report.pr_url``).
+        on_plan: called with the report once the plan is final, before anything is uploaded (not on dry runs, whose
+            report is the plan), so a caller can show what is about to be sent.
 
     Returns:
         :class:`PushReport`.
@@ -329,7 +346,8 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
         ValidationFailedError: validation found errors and ``force`` is False.
         ConversionRefusedError: the folder is in a training layout vLLM does not load (DeepSpec) and ``force`` is
             False.
-        CardError: the folder's ``README.md`` serve commands name a placeholder or a local path; or the Hub's
+        CardError: the folder's ``README.md`` serve commands name a placeholder or a local path, or it links an
+            image the folder lacks (:func:`_check_card_images`); or the Hub's
             ``README.md`` was not written by dsparkhub and would be replaced or deleted without ``delete`` naming it.
         CheckpointNotFoundError: ``draft_dir`` is not a folder, or nothing is left to push after ``include`` /
             ``exclude``.
@@ -348,8 +366,10 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
     files = local_files(draft_dir, left_out)
     if not files:
         raise CheckpointNotFoundError("the drafter folder is empty: nothing to push", path=draft_dir)
+    in_folder = set(files)
     files = select_files(files, include, exclude, draft_dir)
     if README in files:
+        _check_card_images(files[README], in_folder)
         # imported only for a folder with a card: dsparkhub.card.render costs ~0.25 s of imports (calibrate,
         # verify.results.schema), a third of an unchanged re-run of a small README-less release
         from dsparkhub.card.render import serve_command_problems
@@ -432,6 +452,8 @@ def push(draft_dir: str | Path, repo_id: str, *, revision: str | None = None, pr
     except HUB_ERRORS as exc:
         raise hub_error(exc, f"create {repo_id}@{revision}", repo_id, token) from exc
 
+    if on_plan is not None:
+        on_plan(report)
     if not plan.changes:
         report.remote_check = "ok"
         return report

@@ -41,11 +41,14 @@ def check_intrinsic(d: OpenedDraft, out: Collector) -> None:
         out.add("DSH105", f"Markov head type {spec.markov_head_type!r}: vLLM 0.32 implements only the vanilla "
                 "low-rank head and would fail on its extra tensors", location=f"{cfg_file} key markov_head_type",
                 expected="vanilla", found=spec.markov_head_type)
-    if spec.variant == "dspark" and "sample_from_anchor" not in cfg \
+    # A config without the key is read by vLLM's native reader (the speculators reader reads speculators configs,
+    # DSH113 below), whose default is true (vLLM 0.32 spec_decode/dspark/speculator.py): harmless for an
+    # anchor-first drafter (DeepSpec, TorchSpec: their recipes fix the layout), wrong for a 1+N one.
+    if spec.variant == "dspark" and "sample_from_anchor" not in cfg and spec.block_layout != ANCHOR_FIRST \
             and d.recipe.name not in ("speculators", "k3-dspark", "deepseek-v4"):
-        out.add("DSH106", f"sample_from_anchor is implicit; this {spec.block_layout} drafter relies on vLLM's native "
-                "default (true), while vLLM's speculators reader defaults it to false", location=cfg_file,
-                expected=f"sample_from_anchor: {str(spec.block_layout == ANCHOR_FIRST).lower()}", found="absent",
+        out.add("DSH106", f"sample_from_anchor is implicit; this {spec.block_layout} drafter would be read "
+                "anchor-first by vLLM's native reader (default true)", location=cfg_file,
+                expected="sample_from_anchor: false", found="absent",
                 hint="`dsparkhub convert` writes it explicitly")
     # DSH107 (the folder's name) is a rule of the path, not of the files: dsparkhub.validate.settings
     check_layout_rules(d, out)

@@ -18,7 +18,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSH103": (ERROR, "target layer ids not strictly increasing / duplicated"),
     "DSH104": (ERROR, "block size not a positive integer"),
     "DSH105": (ERROR, "Markov head type other than vanilla (vLLM 0.32 runs only the vanilla head)"),
-    "DSH106": (WARNING, "sample_from_anchor not written explicitly (vLLM's default differs between readers)"),
+    "DSH106": (WARNING, "sample_from_anchor absent from a 1+N drafter's config (vLLM's native default: anchor-first)"),
     "DSH107": (WARNING, "drafter path contains a substring vLLM uses to guess another method"),
     "DSH108": (WARNING, "confidence head tensors shipped but the config does not enable the head (vLLM drops them)"),
     "DSH201": (ERROR, "a tensor the drafter needs is missing (vLLM would leave it uninitialised, silently)"),

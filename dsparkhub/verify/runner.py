@@ -93,8 +93,9 @@ def _run_one(backend: Backend, prompts: list[list[int]], *, n: int | None, max_n
     kwargs = dict(num_speculative_tokens=n, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     if concurrency != 1:
         kwargs["concurrency"] = concurrency
+    # leave=False: a finished bar is cleared, so the summary table is not preceded by one line per configuration
     with tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr, disable=not progress,
-              leave=True) as bar:
+              leave=False) as bar:
         # The Backend protocol has no progress hook; a backend that offers ``progress=callable(k)`` gets one.
         if _accepts(backend, "progress"):
             kwargs["progress"] = bar.update

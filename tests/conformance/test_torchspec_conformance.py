@@ -124,7 +124,7 @@ def test_inspect_json():
 def test_validate_against_the_target(toy_target):
     report = validate(PLAIN, toy_target)
     assert not report.errors, [f.code for f in report.findings]
-    assert {f.code for f in report.findings} == {"DSH106"}  # sample_from_anchor implicit; convert writes it
+    assert not report.findings, [f.code for f in report.findings]  # anchor-first: vLLM's native default (DSH106 off)
     res = CliRunner().invoke(main, ["validate", str(PLAIN), "--target", str(toy_target)])
     assert res.exit_code == 0, res.output
 

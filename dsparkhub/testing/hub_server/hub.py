@@ -67,10 +67,17 @@ class LocalHub:
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
 
-    def start(self) -> LocalHub:
-        """Start serving on 127.0.0.1 on a free port (see :attr:`url`)."""
+    def start(self, port: int = 0) -> LocalHub:
+        """Start serving on 127.0.0.1 (see :attr:`url`).
+
+        Args:
+            port: TCP port; 0 (default) = a free one chosen by the OS.
+
+        Raises:
+            OSError: the port is taken (``EADDRINUSE``) or not allowed.
+        """
         handler = type("_BoundHandler", (Handler,), {"hub": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="LocalHub", daemon=True)

@@ -6,10 +6,11 @@ into a :class:`DrafterConfig` (:func:`drafter_config_from_spec`) and reads the t
 ``dsparkhub.io.checkpoint`` (the same header checks and shard-path policy as ``convert`` and ``validate``), under the
 spec's canonical names (vLLM 0.32 / DeepSpec checkpoint names).
 
-What the reference drafter implements: Qwen3-backbone DSpark and DFlash drafters (DeepSpec, ``convert --to vllm`` and
-z-lab layouts). Refused with :class:`~dsparkhub.errors.LayoutError`: other families (Gemma4 / K3 / DeepSeek-V4),
-DFlash2 / EAGLE-3, speculators-format folders (convert them first), attention-sink bias, interleaved (non-neox) RoPE
-and non-default RoPE scaling.
+What the reference drafter implements: Qwen3-backbone DSpark and DFlash drafters (DeepSpec, ``convert --to vllm``,
+``convert --to speculators`` and z-lab layouts: the recipe gives the same spec for each, the speculators one with its
+``aux_hidden_state_layer_ids`` turned into layer-index numbering). Refused with :class:`~dsparkhub.errors.LayoutError`:
+other families (Gemma4 / K3 / DeepSeek-V4), DFlash2 / EAGLE-3, attention-sink bias, interleaved (non-neox) RoPE and
+non-default RoPE scaling.
 """
 
 from __future__ import annotations
@@ -138,8 +139,8 @@ def drafter_config_from_spec(spec: DraftSpec, *, path: str | Path | None = None)
     ``logit_scale``, ``attention_bias``).
 
     Raises:
-        LayoutError: a family or variant the reference drafter does not implement, a speculators-format spec, no
-            mask token, a missing backbone key, or a draft-attention option it does not implement (attention sinks,
+        LayoutError: a family or variant the reference drafter does not implement, no mask token, a missing backbone
+            key, or a draft-attention option it does not implement (attention sinks,
             interleaved RoPE; see :func:`resolve_layer_attention`).
     """
     if spec.family != "qwen3" or spec.variant not in _VARIANTS:
@@ -152,9 +153,6 @@ def drafter_config_from_spec(spec: DraftSpec, *, path: str | Path | None = None)
                           f"{spec.decoder_config.get('model_type')!r}: vLLM 0.32 loads it as DeepSeek-V4, not as the "
                           "Qwen3 drafter the reference engine computes", path=path,
                           hint="`dsparkhub convert` writes architectures [\"Qwen3DSparkModel\"]")
-    if spec.layout.startswith("speculators"):
-        raise LayoutError("speculators-format config; the reference engine reads vLLM-layout drafters", path=path,
-                          hint="run `dsparkhub convert` first")
     if spec.variant == "dflash" and spec.extras.get("sample_from_anchor"):
         raise LayoutError("dflash_config.sample_from_anchor=true is not supported for DFlash (vLLM refuses it)",
                           path=path)
@@ -273,7 +271,8 @@ def _check_target(cfg: DrafterConfig, tensors: dict, target_model, config_path) 
 
 def load_drafter(folder: str | Path, target_model=None, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu") -> Drafter:
-    """Load a drafter from a DeepSpec step / run dir, a dsparkhub-converted vLLM-layout folder or a z-lab DFlash folder.
+    """Load a drafter from a DeepSpec step / run dir, a dsparkhub-converted vLLM- or speculators-layout folder or a
+    z-lab DFlash folder.
 
     Args:
         folder: the drafter folder (a DeepSpec run dir resolves to ``step_latest``; ``resolve_step_dir``).

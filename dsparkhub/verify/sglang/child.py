@@ -160,6 +160,9 @@ def config_stage(draft: str, target: str, algorithm: str, holder: dict) -> dict:
                "draft_path_given": draft is not None,
                "speculative_draft_model_path": view.speculative_draft_model_path}
     if draft is None:
+        if view.speculative_draft_model_path is None:  # str(None) would name the drafter "None"
+            raise ValueError(f"SGLang found no drafter in {target}: no dspark_* keys in its config.json and no "
+                             "dspark/ subfolder; pass the drafter folder as DRAFT")
         draft = str(view.speculative_draft_model_path)
     holder["draft"] = draft
     cfg = get_config(draft, trust_remote_code=False)

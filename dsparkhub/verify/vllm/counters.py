@@ -64,7 +64,7 @@ class SpecCounters:
                 f"vLLM's speculative-decoding counters went down between two snapshots ({', '.join(negative)}): "
                 f"before {before}, after {self}. The engine was restarted, or the snapshots come from different "
                 "engines (several engines behind one /metrics endpoint?).",
-                hint="Measure a server that nothing else restarts, and point --vllm-url at a single engine.",
+                hint="Measure a server that nothing else restarts, and point --server-url at a single engine.",
             )
         return delta
 

@@ -131,7 +131,7 @@ class VllmServerBackend:
                     hint="Verify only the n the server was started with, or restart it with that n.")
         elif delta.num_drafts:
             raise VerifyError(f"baseline server {root} counted {delta.num_drafts} drafts: it runs a drafter.",
-                              hint="Point baseline_url at a server without --speculative-config.")
+                              hint="Point --baseline-url at a server without --speculative-config.")
         return RunStats(outputs=outputs, wall_s=wall, num_drafts=delta.num_drafts,
                         num_draft_tokens=delta.num_draft_tokens, num_accepted_tokens=delta.num_accepted_tokens,
                         accepted_per_pos=delta.accepted_per_pos)
