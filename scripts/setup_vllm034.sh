@@ -10,16 +10,18 @@
 # vllm._C (the compiled kernels) does not load on CPU; config resolution and the drafter classes are Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/setup_phase.sh
 PY=${PYTHON:-python3}
 V=.venv-vllm034
 TORCH=${TORCH:-2.14.0}
 SKIP='^(flashinfer-python|torchvision|torchaudio|torchcodec|torch|pynvvideocodec|apache-tvm-ffi|tilelang|nvidia-[a-z0-9-]+|nvtx|fastsafetensors|instanttensor|quack-kernels|tokenspeed-mla|humming-kernels)$'
 if [ ! -x "$V/bin/python" ]; then
-  "$PY" -m venv "$V"
-  "$V/bin/pip" install -q --upgrade pip
+  phase "create $V" "~5 s" "$PY" -m venv "$V"
+  phase "upgrade pip in $V" "~5 s" "$V/bin/pip" install --upgrade pip
 fi
-"$V/bin/pip" install -q "torch==$TORCH" packaging
-"$V/bin/pip" install -q --no-deps vllm==0.34.0
+phase "torch $TORCH (the CUDA build vLLM 0.34 pins; runs on CPU) into $V" "~1.5 min" \
+  "$V/bin/pip" install "torch==$TORCH" packaging
+phase "vllm 0.34.0 (no dependencies) into $V" "~10 s" "$V/bin/pip" install --no-deps vllm==0.34.0
 # the wheel's unconditional Requires-Dist (and those whose marker holds here), minus $SKIP
 mapfile -t REQS < <("$V/bin/python" - "$SKIP" <<'EOF'
 import re, sys
@@ -33,7 +35,9 @@ for line in requires("vllm"):
     print(str(r).split(";")[0])
 EOF
 )
-"$V/bin/pip" install -q "${REQS[@]}" "torch==$TORCH"
-"$V/bin/pip" install -q -e '.[test]' "torch==$TORCH"
-"$V/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$V/bin/python" -c "import vllm, torch, transformers; from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM; print('vllm034 venv: vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+phase "vLLM 0.34's requirements (${#REQS[@]}, CUDA-only ones skipped) into $V" "~1 min" \
+  "$V/bin/pip" install "${REQS[@]}" "torch==$TORCH"
+phase "dsparkhub (editable) + test tools into $V" "~20 s" "$V/bin/pip" install -e '.[test]' "torch==$TORCH"
+phase "remove torchvision / torchaudio / torchcodec from $V" "~2 s" \
+  sh -c "'$V/bin/pip' uninstall -y torchvision torchaudio torchcodec 2>&1 || true"
+"$V/bin/python" -c "import vllm, torch, transformers; from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM; print('[setup] vllm034 venv: vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -1,5 +1,6 @@
 """vLLM 0.34.0's own checks on CPU, from `.venv-vllm034` (built by `bash scripts/setup_vllm034.sh`; ~5 GB, not
-built by `scripts/setup.sh --test`, so these tests skip with a reason where it is missing, in CI too).
+built by `scripts/setup.sh --test` too; these tests skip with a reason where it is missing, and FAIL in CI, where it
+must be).
 
 `dsparkhub vllm-check` runs there with 0.34's own `SpeculativeConfig` resolution and `Qwen3DSparkForCausalLM`'s
 `load_weights`, behind the contract's named stand-in for what 0.34 refuses on an x86 CPU (no triton-cpu); the
@@ -24,6 +25,8 @@ PYTHON = ROOT / ".venv-vllm034" / "bin" / "python"
 
 def _vllm_check(draft: Path, target: Path) -> tuple[int, dict]:
     if not PYTHON.exists():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(".venv-vllm034 is missing in CI; scripts/setup.sh --test builds it", pytrace=False)
         pytest.skip(".venv-vllm034 is missing: build it with `bash scripts/setup_vllm034.sh`")
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
     env.pop("VLLM_TARGET_DEVICE", None)
