@@ -268,6 +268,9 @@ def test_working_shows_a_long_step_after_its_delay_and_clears_it(capsys, seconds
     err = capsys.readouterr().err
     assert ("linking: 00:00" in err) is shown
     assert err == "" or err.endswith("\r") and err.rsplit("\r", 2)[-2].strip() == ""  # cleared, no line left
+    with working("linking", delay_s=0.1, show=False):  # a --json run: its output is for a program
+        time.sleep(0.3)
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("args, module, what", [

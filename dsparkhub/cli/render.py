@@ -106,9 +106,13 @@ def convert_bars():
 
 
 @contextlib.contextmanager
-def working(desc: str, *, delay_s: float = 2.0):
+def working(desc: str, *, delay_s: float = 2.0, show: bool = True):
     """A one-line "DESC: 12s" on stderr, shown once the block runs past ``delay_s`` and cleared when it ends, for a
-    step that reports no progress of its own (attach, detach, an engine check in a child process)."""
+    step that reports no progress of its own (attach, detach, an engine check in a child process). ``show=False``
+    (a ``--json`` run, whose output is for a program) prints nothing."""
+    if not show:
+        yield
+        return
     import threading
 
     from tqdm import tqdm

@@ -183,7 +183,7 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
     from dsparkhub.verify.vllm.checks import check_with_vllm
     from dsparkhub.verify.vllm.contract import VllmContract
 
-    with working("vLLM's checks (config, load_weights, engine) in a child process"):
+    with working("vLLM's checks (config, load_weights, engine) in a child process", show=not as_json):
         report = check_with_vllm(draft, target, method=method, num_speculative_tokens=num_speculative_tokens,
                                  dtype=dtype, vllm_version=vllm_version)
     if as_json:
@@ -215,7 +215,7 @@ def sglang_check(draft: str | None, target: str, algorithm: str | None, as_json:
     DSpark on CUDA / NPU / XPU only)."""
     from dsparkhub.verify.sglang.checks import check_with_sglang
 
-    with working("SGLang's checks (config, load_weights, engine) in .venv-sglang"):
+    with working("SGLang's checks (config, load_weights, engine) in .venv-sglang", show=not as_json):
         report = check_with_sglang(draft, target, algorithm=algorithm)
     if as_json:
         echo_json(report.to_dict())
