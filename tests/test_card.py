@@ -406,13 +406,15 @@ def test_card_for_a_local_target_names_its_hub_id_and_no_local_path(tmp_path):
     assert "vllm serve Qwen/Qwen3-8B" in text and "- **Target:** `Qwen/Qwen3-8B`" in text
     assert str(tmp_path) not in text and "`gsm-mini.jsonl`" in text
     assert serve_command_problems(text) == []
-    # no Hub id anywhere: the card says so with a placeholder push refuses, and --base-model fixes it
+    # no Hub id anywhere: the card is refused before anything is written, naming --base-model, which fixes it
     bare = _local_target(tmp_path / "bare")
     data["target"]["id"] = str(bare)
     path.write_text(json.dumps(data))
-    text = write_card(draft, [path]).readme.read_text()
-    assert "base_model" not in front_matter(text) and str(tmp_path) not in text
-    assert serve_command_problems(text)  # "bare" and "<your-namespace>/d"
+    (draft / "README.md").unlink()
+    with pytest.raises(CardError, match="no Hub repo id of it is known") as err:
+        write_card(draft, [path])
+    assert "--base-model" in err.value.hint and not (draft / "README.md").exists()
+    assert str(tmp_path) not in str(err.value)
     text = write_card(draft, [path], base_model="org/qwen3-tiny", repo_id="org/d").readme.read_text()
     assert front_matter(text)["base_model"] == "org/qwen3-tiny" and serve_command_problems(text) == []
 

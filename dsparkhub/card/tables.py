@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dsparkhub.card.facts import public_text
+from dsparkhub.card.facts import is_hub_name, public_text
 from dsparkhub.verify.results.schema import ModelRef, VerifyResults
 
 
@@ -77,7 +77,10 @@ def engine_label(res: VerifyResults) -> str:
     return f"{res.engine.version}, {res.engine.device}"
 
 
-def section(res: VerifyResults, plots: tuple[str, ...]) -> dict[str, Any]:
+def section(res: VerifyResults, plots: tuple[str, ...], *, target: str) -> dict[str, Any]:
+    """The template context of one results file's "Evaluation" block; ``target`` is the card's Hub id of the target,
+    shown as the target measured unless the file names another Hub id (a results file names a local target by its
+    folder name when it knew no Hub id)."""
     ns = res.settings.num_speculative_tokens
     reference = is_reference(res)
     rows = []
@@ -123,7 +126,7 @@ def section(res: VerifyResults, plots: tuple[str, ...]) -> dict[str, Any]:
         "reference": reference,
         "cpu_reference": reference and "cpu" in res.engine.device.lower(),
         "engine": res.engine, "settings": s, "date": res.date, "dsparkhub_version": res.dsparkhub_version,
-        "target": ModelRef(public_text(res.target.id), res.target.fingerprint),
+        "target": ModelRef(res.target.id if is_hub_name(res.target.id) else target, res.target.fingerprint),
         "drafter": ModelRef(public_text(res.drafter.id), res.drafter.fingerprint),
         "ns": ns, "positions": list(range(1, max_n + 1)),
         "rows": rows, "mean": mean, "change": change, "per_pos": per_pos, "details": details,

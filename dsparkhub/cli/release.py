@@ -17,7 +17,8 @@ from dsparkhub.secrets import redact
               help="Results file from `dsparkhub verify` (repeat for several engines / dataset sets).")
 @click.option("--template", type=click.Path(), help="Jinja2 template replacing dsparkhub's model_card.md.j2.")
 @click.option("--license", "license_", default="apache-2.0", show_default=True, help="Hub license id.")
-@click.option("--base-model", help="Target repo id for the card's base_model (default: from provenance/results).")
+@click.option("--base-model", help="The target's Hub repo id, named by every card line that names the target "
+              "(default: from provenance / results / the local target's config; refused when none is known).")
 @click.option("--repo-id", help="This drafter's Hub repo id (NS/NAME), used in the serve commands.")
 @click.option("--overwrite", is_flag=True, help="Replace a README.md that dsparkhub did not write.")
 @click.option("--checks", "check_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -36,6 +37,11 @@ def card(draft, results_paths, template, license_, base_model, repo_id, overwrit
     click.echo(f"wrote {out.readme}")
     for p in out.plots:
         click.echo(f"wrote {p}")
+    if not repo_id:
+        from dsparkhub.card.tables import MODEL_PLACEHOLDER
+
+        click.echo(f"warning: the serve commands name the drafter `{MODEL_PLACEHOLDER}/...` (no --repo-id): a preview "
+                   "that `push` refuses; write the card again with --repo-id NS/NAME before publishing", err=True)
 
 
 @click.command("compare")
