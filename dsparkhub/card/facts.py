@@ -254,6 +254,25 @@ def card_target(base_model: str | None, provenance: dict | None,
                          "folder")
 
 
+#: the license a card declares when neither ``--license`` nor a target manifest gives one (the drafter is the
+#: trainer's work; dsparkhub's own default before the manifests knew their targets' licenses)
+DEFAULT_LICENSE = "apache-2.0"
+
+
+def card_license(license: str | None, target: str) -> dict[str, str]:
+    """The card metadata's license keys: ``license`` when given, else the license of the target manifest whose
+    ``repo_id`` is ``target`` (a drafter ships under its target's terms where those bind derivatives: the Kimi K2
+    manifests say ``other (modified-mit)``, written as the Hub's ``license: other`` + ``license_name``), else
+    :data:`DEFAULT_LICENSE`. Returns ``{"license": id}`` or ``{"license": "other", "license_name": name}``."""
+    from dsparkhub.layouts.manifests import load_manifests
+
+    if license is None:
+        targets, _ = load_manifests()
+        license = next((m.license for m in targets.values() if m.repo_id == target and m.license), DEFAULT_LICENSE)
+    m = re.fullmatch(r"other \(([\w.-]+)\)", license.strip())
+    return {"license": "other", "license_name": m.group(1)} if m else {"license": license}
+
+
 def public_provenance(provenance: dict, target: str, how: str) -> dict:
     """``provenance`` as the card shows it: local paths reduced to names (:func:`public_text`) and a target that
     convert could only name by its folder named by ``target`` (the card's Hub id, found as ``how``; ``repo_id_from``

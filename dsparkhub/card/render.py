@@ -23,6 +23,7 @@ from dsparkhub.card.engines import engine_checks, sglang_launch
 from dsparkhub.card.facts import (
     CardError,
     CardOutput,
+    card_license,
     card_target,
     drafter_facts,
     drafter_spec,
@@ -43,7 +44,7 @@ from dsparkhub.verify.results.schema import VerifyResults
 DEFAULT_TEMPLATE = "model_card.md.j2"
 
 
-def build_context(draft: str | Path, results: list[VerifyResults], *, license: str = "apache-2.0",
+def build_context(draft: str | Path, results: list[VerifyResults], *, license: str | None = None,
                   base_model: str | None = None, repo_id: str | None = None,
                   checks: list[str | Path] | None = None) -> dict[str, Any]:
     """Everything the template renders, derived from the results, the drafter config and its provenance.
@@ -51,7 +52,7 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
     Args:
         draft: drafter folder.
         results: checked results (see :func:`load_results_for`).
-        license: Hub license id.
+        license: Hub license id; default the target manifest's, else ``apache-2.0`` (:func:`card_license`).
         base_model: the target's Hub repo id, used by every line that names the target (``base_model``, serve
             commands, overview, validation, sections, provenance); default: :func:`card_target` (provenance,
             results, the local target's config or manifest). A local path or folder name is never written.
@@ -79,7 +80,8 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
     plots = plot_names(results)
     shown = public_provenance(provenance, target, target_from) if provenance else None
     return {
-        "card_data": card_data(results, name=name, base_model=target, license=license, method=method),
+        "card_data": card_data(results, name=name, base_model=target, license=card_license(license, target),
+                               method=method),
         "name": name, "repo_id": repo_id, "method": method, "method_label": METHOD_LABELS.get(method, method),
         "target": target, "base_model": target, "facts": drafter_facts(drafter_spec(draft, cfg)) + [
             f for f in [validation_fact(draft, target)] if f is not None],
@@ -163,7 +165,7 @@ def render_card(context: dict[str, Any], template: str | Path | None = None) -> 
 
 
 def write_card(draft: str | Path, results_paths: list[str | Path], *, template: str | Path | None = None,
-               license: str = "apache-2.0", base_model: str | None = None,
+               license: str | None = None, base_model: str | None = None,
                repo_id: str | None = None, overwrite: bool = False,
                checks: list[str | Path] | None = None,
                compare: list[str | Path] | None = None) -> CardOutput:

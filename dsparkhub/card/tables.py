@@ -156,8 +156,9 @@ def _load_context(res: VerifyResults) -> dict[str, Any] | None:
             "stops_paying_at": res.stops_paying_at}
 
 
-def card_data(results: list[VerifyResults], *, name: str, base_model: str | None, license: str,
-               method: str) -> str:
+def card_data(results: list[VerifyResults], *, name: str, base_model: str | None, license: dict[str, str],
+              method: str) -> str:
+    """The card's YAML metadata (``huggingface_hub.ModelCardData``); ``license``: :func:`card_license`'s keys."""
     from huggingface_hub import EvalResult, ModelCardData
 
     evals = []
@@ -177,7 +178,7 @@ def card_data(results: list[VerifyResults], *, name: str, base_model: str | None
                                             metric_name=f"speedup (n={r.num_speculative_tokens}, {label}, "
                                                         f"{res.engine.device})"))
     tags = ["speculative-decoding", method, "draft-model", "vllm"]
-    kwargs: dict[str, Any] = dict(library_name="vllm", pipeline_tag="text-generation", license=license,
+    kwargs: dict[str, Any] = dict(library_name="vllm", pipeline_tag="text-generation", **license,
                                   tags=list(dict.fromkeys(tags)),
                                   inference=False)
     if base_model:

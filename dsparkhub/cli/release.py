@@ -16,7 +16,8 @@ from dsparkhub.secrets import redact
 @click.option("--results", "results_paths", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
               help="Results file from `dsparkhub verify` (repeat for several engines / dataset sets).")
 @click.option("--template", type=click.Path(), help="Jinja2 template replacing dsparkhub's model_card.md.j2.")
-@click.option("--license", "license_", default="apache-2.0", show_default=True, help="Hub license id.")
+@click.option("--license", "license_", help="Hub license id (default: the target manifest's, e.g. `other` + "
+              "`license_name: modified-mit` for Kimi K2; else apache-2.0).")
 @click.option("--base-model", help="The target's Hub repo id, named by every card line that names the target "
               "(default: from provenance / results / the local target's config; refused when none is known).")
 @click.option("--repo-id", help="This drafter's Hub repo id (NS/NAME), used in the serve commands.")
