@@ -185,7 +185,7 @@ def target_spec_from_manifest(name: str | TargetManifest, folder: str | Path | N
 # ---- the target's public name -----------------------------------------------------------------------------------
 
 
-def _hub_id_like(value) -> bool:
+def hub_id_like(value) -> bool:
     """``namespace/name`` as the Hub spells it, and not a local path (``./x``, ``/x``, ``~/x`` or an existing one)."""
     return (is_repo_id(value)
             and not value.startswith((".", "/", "~")) and not Path(value).exists())
@@ -229,20 +229,20 @@ def target_repo_id(source: str | Path | TargetSpec) -> tuple[str | None, str]:
             m = get_manifest(name)
             return (m.repo_id, f"manifest {m.name}") if isinstance(m, TargetManifest) else (None, "release")
         repo = text.partition("@")[0]
-        return (repo, "Hub repo id") if _hub_id_like(repo) else (None, f"{text!r} is not a Hub repo id")
-    if spec is not None and not Path(text).exists() and _hub_id_like(text.partition("@")[0]):
+        return (repo, "Hub repo id") if hub_id_like(repo) else (None, f"{text!r} is not a Hub repo id")
+    if spec is not None and not Path(text).exists() and hub_id_like(text.partition("@")[0]):
         return text.partition("@")[0], "Hub repo id"  # e.g. read from the HF cache offline
     if spec is not None and spec.manifest and not spec.local:
         return get_manifest(spec.manifest).repo_id, f"manifest {spec.manifest}"
     if spec is not None and not spec.local:
         repo = text.removeprefix("hub:").partition("@")[0]
-        return (repo, "Hub repo id") if _hub_id_like(repo) else (None, f"{text!r} is not a Hub repo id")
+        return (repo, "Hub repo id") if hub_id_like(repo) else (None, f"{text!r} is not a Hub repo id")
     try:
         spec = spec or open_target(text)
     except (CheckpointNotFoundError, ValueError) as exc:  # not a readable target: nothing to go by
         return None, f"cannot read the target's config ({exc})"
     for cfg in (spec.checkpoint.config, spec.config):
-        if _hub_id_like(cfg.get("_name_or_path")):
+        if hub_id_like(cfg.get("_name_or_path")):
             return cfg["_name_or_path"], "config.json _name_or_path"
     marker = Path(spec.source) / "dsparkhub_skeleton.json"
     if spec.manifest and marker.is_file():

@@ -272,7 +272,7 @@ def test_example_drafter_end_to_end(example, tmp_path):
                                        "--datasets", f"heldout={example.prompts}", "--max-prompts", "1",
                                        "--max-new-tokens", "16", "--out", str(results), "--quiet"])
     assert verify.exit_code == 0, verify.output
-    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(results)])
+    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(results), "--base-model", "org/tiny-target"])
     assert card.exit_code == 0, card.output
     text = (draft / "README.md").read_text()
     assert "## Confidence calibration" in text and "--speculative-dspark-confidence-sts-path" in text

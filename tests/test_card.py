@@ -406,13 +406,15 @@ def test_card_for_a_local_target_names_its_hub_id_and_no_local_path(tmp_path):
     assert "vllm serve Qwen/Qwen3-8B" in text and "- **Target:** `Qwen/Qwen3-8B`" in text
     assert str(tmp_path) not in text and "`gsm-mini.jsonl`" in text
     assert serve_command_problems(text) == []
-    # no Hub id anywhere: the card says so with a placeholder push refuses, and --base-model fixes it
+    # no Hub id anywhere: the card is refused before anything is written, naming --base-model, which fixes it
     bare = _local_target(tmp_path / "bare")
     data["target"]["id"] = str(bare)
     path.write_text(json.dumps(data))
-    text = write_card(draft, [path]).readme.read_text()
-    assert "base_model" not in front_matter(text) and str(tmp_path) not in text
-    assert serve_command_problems(text)  # "bare" and "<your-namespace>/d"
+    (draft / "README.md").unlink()
+    with pytest.raises(CardError, match="no Hub repo id of it is known") as err:
+        write_card(draft, [path])
+    assert "--base-model" in err.value.hint and not (draft / "README.md").exists()
+    assert str(tmp_path) not in str(err.value)
     text = write_card(draft, [path], base_model="org/qwen3-tiny", repo_id="org/d").readme.read_text()
     assert front_matter(text)["base_model"] == "org/qwen3-tiny" and serve_command_problems(text) == []
 
@@ -455,3 +457,16 @@ def test_card_concurrency_table_plot_and_unreliable(tmp_path):
     assert (draft / "assets" / "speedup_vs_concurrency.png").read_bytes().startswith(PNG_MAGIC)
     assert "Best n per concurrency (reliable speedups only): 1: n=3 (1.60x); 4: n=3 (1.25x)" in text
     assert "The drafter stops paying from concurrency" not in text
+
+
+def test_card_license_comes_from_the_target_manifest_unless_given(tmp_path):
+    """Issue 29 item 7: the license is the target manifest's (Kimi K2: `other (modified-mit)`, written as the Hub's
+    `license: other` + `license_name`), not always apache-2.0; --license wins; an unknown target keeps apache-2.0."""
+    draft = make_drafter(tmp_path / "d")
+    r = make_results(draft, tmp_path / "r.json")
+    meta = front_matter(write_card(draft, [r], base_model="moonshotai/Kimi-K2.6").readme.read_text())
+    assert (meta["license"], meta["license_name"]) == ("other", "modified-mit")
+    meta = front_matter(write_card(draft, [r], base_model="moonshotai/Kimi-K2.6", license="mit").readme.read_text())
+    assert meta["license"] == "mit" and "license_name" not in meta
+    assert front_matter(write_card(draft, [r]).readme.read_text())["license"] == "apache-2.0"  # Qwen3-8B manifest
+    assert front_matter(write_card(draft, [r], base_model="org/unknown").readme.read_text())["license"] == "apache-2.0"

@@ -211,7 +211,8 @@ def test_provenance_names_folders_and_the_targets_hub_id_never_a_local_path(tmp_
     assert str(tmp_path) not in text
     assert prov["source"]["name"] == Path(open_draft(run).checkpoint.path).name  # the step folder, with file hashes
     assert prov["target"]["repo_id"] == "org/qwen3-tiny" and prov["target"]["source"] == "org/qwen3-tiny"
-    assert prov["target"]["repo_id_from"] == "config.json _name_or_path" and prov["target"]["name"] == "target"
+    # with a Hub id known the folder's own name is not recorded either (this file is published)
+    assert prov["target"]["repo_id_from"] == "config.json _name_or_path" and prov["target"]["name"] is None
     assert prov["target"]["config_sha256"] == sha256_file(target / "config.json")
     res = CliRunner().invoke(main, ["convert", str(run), "--target", str(target), "--out", str(tmp_path / "o2"),
                                     "--base-model", "org/other"])

@@ -70,7 +70,8 @@ def test_convert_writes_the_chosen_rows_and_d2t(pair, tmp_path):
 
 def test_speculators_output_ships_t2d_and_converts_back(pair, tmp_path):
     target, run, prompts = pair
-    plan = plan_conversion(run, target, to="speculators", draft_vocab=4, draft_vocab_from=[str(prompts)])
+    plan = plan_conversion(run, target, to="speculators", draft_vocab=4, draft_vocab_from=[str(prompts)],
+                           base_model="org/tiny-target")  # the toy target has no Hub id to name the verifier by
     convert(run, tmp_path / "spec", target, plan=plan)
     t = load_file(str(tmp_path / "spec" / "model.safetensors"))
     assert t["t2d"].nonzero().flatten().tolist() == [3, 5, 7, 9] and t["d2t"].tolist() == [3, 4, 5, 6]

@@ -25,6 +25,7 @@ from dsparkhub.cli import main
 from dsparkhub.convert import convert
 from dsparkhub.errors import CardError, CheckpointFormatError
 from dsparkhub.layouts.reading import open_draft
+from dsparkhub.pipeline import QUICKSTART_BASE_MODEL
 from dsparkhub.target import open_target
 from dsparkhub.testing.factories import (make_deepspec_drafter, make_eagle3_drafter, make_qwen3_target,
                                          make_speculators_drafter, make_zlab_dflash_drafter)
@@ -167,7 +168,8 @@ def test_quickstart_validates_the_output_once_and_hands_the_record_on(tmp_path, 
     assert counted[1].parent == q.drafter.parent and counted[1].name.startswith(f".{q.drafter.name}.tmp-")
     assert q.report == validate(q.drafter, target, num_speculative_tokens=7)
     assert VALIDATION_FILE in {f.path for f in q.push.plan.files if f.action == "add"}
-    assert "Validation:** passed against `target`" in q.card.readme.read_text()
+    # the example target has no Hub id: the card names it by the quickstart's --base-model, never by its folder
+    assert f"Validation:** passed against `{QUICKSTART_BASE_MODEL}`" in q.card.readme.read_text()
 
 
 def _changed_config(folder: Path) -> None:
@@ -197,7 +199,7 @@ def test_a_stale_record_is_ignored_and_the_drafter_validated_again(tmp_path, cou
     assert report == validate(out, target)
     counted.clear()
     assert validate_reusing(out, target, note=why.append)[1] is None and counted == [out]  # the file too
-    assert validation_fact(out) is None  # the card shows no stale outcome
+    assert validation_fact(out, "org/t") is None  # the card shows no stale outcome
 
 
 def test_a_record_of_another_target_is_ignored(tmp_path):
@@ -233,7 +235,7 @@ def test_a_malformed_record_is_named_by_the_reader_ignored_by_verify_and_push_re
     report, used = validate_reusing(out, target, note=why.append)
     assert used is None and counted == [out] and why[0].startswith(f"{VALIDATION_FILE} ignored:") and expected in why[0]
     with pytest.raises(CardError, match=expected):
-        validation_fact(out)
+        validation_fact(out, "org/t")
 
 
 def test_push_leaves_a_stale_record_out(tmp_path, monkeypatch):
@@ -264,4 +266,5 @@ def test_cli_validate_writes_the_record_only_with_save(tmp_path):
     assert record.schema == SCHEMA and record.target_name == "target"
     assert record.report_for(step, str(target), num_speculative_tokens=7) == validate(step, target,
                                                                                       num_speculative_tokens=7)
-    assert validation_fact(step) == ("Validation", "passed against `target` (no warnings)")
+    # the record names the target by its folder (no Hub id known); the card line names the card's Hub id instead
+    assert validation_fact(step, "org/t") == ("Validation", "passed against `org/t` (no warnings)")

@@ -428,10 +428,11 @@ def test_end_to_end_reference_engine_and_card(example, tmp_path):
     assert r.lossless is True and r.engine.backend == "reference" and r.method == "dspark"
     held = next(d for d in r.datasets if d.name == "heldout")
     assert all(x.tau is not None and x.tau > 1.0 for x in held.runs)  # a trained drafter accepts something
-    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
+    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out), "--base-model", "org/tiny-target"])
     assert card.exit_code == 0, card.output
     text = (draft / "README.md").read_text()
     assert "CPU reference engine" in text and "heldout" in text
+    assert "- **Target:** `org/tiny-target`" in text and "vllm serve org/tiny-target" in text
 
 
 def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
@@ -463,7 +464,7 @@ def test_real_validate_and_reference_engine_on_tiny_random_models(tmp_path):
         assert run_result.num_draft_tokens == n * run_result.num_drafts  # no confidence threshold: full drafts
         assert run_result.num_accepted_tokens == sum(run_result.accepted_per_pos)
         assert run_result.output_tokens == r.datasets[0].baseline.output_tokens
-    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
+    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out), "--base-model", "org/tiny-target"])
     assert card.exit_code == 0, card.output
     assert "CPU reference engine" in (draft / "README.md").read_text()
 
@@ -501,7 +502,7 @@ def test_warnings_are_stored_in_the_results_and_listed_on_the_card(setup, tmp_pa
     out.write_text(json.dumps(old))
     assert read_results(out).warnings == []
     r.save(out)
-    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
+    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out), "--base-model", "org/tiny-target"])
     assert card.exit_code == 0, card.output
     text = (draft / "README.md").read_text()
     assert "Warnings `dsparkhub verify` printed" in text and "exceed the context of 5 tokens" in text

@@ -216,8 +216,80 @@ def provenance_target(provenance: dict | None) -> str | None:
     return (t.get("repo_id") or t.get("source")) if isinstance(t, dict) else t if isinstance(t, str) else None
 
 
+def card_target(base_model: str | None, provenance: dict | None,
+                results: list[VerifyResults]) -> tuple[str, str]:
+    """The target's Hub repo id, the one name every card line that names the target uses (``base_model``, the
+    serve commands, the overview, validation, each "How measured" block, provenance), and where it came from.
+
+    In order: ``base_model`` (``--base-model``); the provenance's ``target.repo_id`` (or an older file's Hub-id
+    target); a results file's target id that is a Hub id; a results file's local target folder, by
+    :func:`dsparkhub.target.target_repo_id` (config ``_name_or_path``, manifests).
+
+    Raises:
+        CardError: ``base_model`` is not a Hub repo id, or no Hub id is known: a card cannot name a target that
+            only exists on this machine (nobody could run its serve commands), so it is refused before anything is
+            written, naming ``--base-model``.
+    """
+    from dsparkhub.target import target_repo_id
+
+    if base_model is not None:
+        if not is_hub_name(base_model):
+            raise CardError(f"--base-model {base_model!r} is not a Hub repo id (namespace/name, not a local path)",
+                            hint="pass the target's Hub repo id, e.g. Qwen/Qwen3-8B")
+        return base_model, "--base-model"
+    candidates = [provenance_target(provenance)] + [r.target.id for r in results]
+    for c, how in zip(candidates, ["provenance"] + ["results"] * len(results)):
+        if isinstance(c, str) and is_hub_name(c):
+            return c, how
+    for r in results:  # results of a local target written before results named it by Hub id
+        if Path(r.target.id).is_dir():
+            repo, how = target_repo_id(r.target.id)
+            if repo:
+                return repo, f"results target's {how}"
+    names = sorted({public_text(c) for c in candidates if isinstance(c, str)})
+    raise CardError("the card names the target in its serve commands, metadata and every section, and no Hub "
+                    f"repo id of it is known (the provenance and results name {', '.join(names) or 'none'}; "
+                    "its config has no Hub `_name_or_path` and no target manifest matches it)",
+                    hint="pass --base-model NS/NAME (the target's Hub repo id); a card never names a local "
+                         "folder")
+
+
+#: the license a card declares when neither ``--license`` nor a target manifest gives one (the drafter is the
+#: trainer's work; dsparkhub's own default before the manifests knew their targets' licenses)
+DEFAULT_LICENSE = "apache-2.0"
+
+
+def card_license(license: str | None, target: str) -> dict[str, str]:
+    """The card metadata's license keys: ``license`` when given, else the license of the target manifest whose
+    ``repo_id`` is ``target`` (a drafter ships under its target's terms where those bind derivatives: the Kimi K2
+    manifests say ``other (modified-mit)``, written as the Hub's ``license: other`` + ``license_name``), else
+    :data:`DEFAULT_LICENSE`. Returns ``{"license": id}`` or ``{"license": "other", "license_name": name}``."""
+    from dsparkhub.layouts.manifests import load_manifests
+
+    if license is None:
+        targets, _ = load_manifests()
+        license = next((m.license for m in targets.values() if m.repo_id == target and m.license), DEFAULT_LICENSE)
+    m = re.fullmatch(r"other \(([\w.-]+)\)", license.strip())
+    return {"license": "other", "license_name": m.group(1)} if m else {"license": license}
+
+
+def public_provenance(provenance: dict, target: str, how: str) -> dict:
+    """``provenance`` as the card shows it: local paths reduced to names (:func:`public_text`) and a target that
+    convert could only name by its folder named by ``target`` (the card's Hub id, found as ``how``; ``repo_id_from``
+    says so)."""
+    out = public_text(provenance)
+    t = out.get("target")
+    if isinstance(t, dict) and not is_hub_name(provenance_target(provenance)):
+        t = {k: v for k, v in t.items() if k != "name"}
+        out["target"] = {**t, "source": target, "repo_id": target, "repo_id_from": f"dsparkhub card ({how})"}
+    elif isinstance(t, str) and not is_hub_name(t):
+        out["target"] = target
+    return out
+
+
 def provenance_facts(provenance: dict | None) -> list[tuple[str, str]]:
-    """Bullets from ``dsparkhub_provenance.json`` (keys written by ``dsparkhub.convert``; absent keys skipped)."""
+    """Bullets from ``dsparkhub_provenance.json`` (keys written by ``dsparkhub.convert``; absent keys skipped); pass
+    it through :func:`public_provenance` first so that the target is named by its Hub id."""
     if not provenance:
         return []
     facts = []
@@ -245,10 +317,11 @@ def provenance_facts(provenance: dict | None) -> list[tuple[str, str]]:
     return facts
 
 
-def validation_fact(draft: str | Path) -> tuple[str, str] | None:
+def validation_fact(draft: str | Path, target: str) -> tuple[str, str] | None:
     """The "Validation" bullet from the folder's ``validation.json`` (:mod:`dsparkhub.validate.record`): its outcome
     against the target it names, with the vLLM engine's view of the target's last layer and no n (the card's
-    results say which n were measured). None when the folder has no record or the record describes other files
+    results say which n were measured), naming the target by ``target`` (the card's Hub id) unless the record names
+    another Hub id. None when the folder has no record or the record describes other files
     (its drafter fingerprint differs: config or weights changed since; a card never shows a stale outcome).
 
     Raises:
@@ -265,7 +338,8 @@ def validation_fact(draft: str | Path) -> tuple[str, str] | None:
     if record is None or record.key.drafter != drafter_fingerprint(open_draft(draft)):
         return None
     report = record.report_for(draft, None, engine="vllm")
-    against = f"against `{public_text(record.target_name)}`" if record.target_name else "without a target"
+    name = record.target_name if is_hub_name(record.target_name) else target
+    against = f"against `{name}`" if record.target_name else "without a target"
     if not report.ok:
         codes = ", ".join(sorted({f.code for f in report.errors}))
         return "Validation", f"{len(report.errors)} error(s) {against} ({codes})"

@@ -23,21 +23,20 @@ from dsparkhub.card.engines import engine_checks, sglang_launch
 from dsparkhub.card.facts import (
     CardError,
     CardOutput,
+    card_license,
+    card_target,
     drafter_facts,
     drafter_spec,
-    is_hub_name,
     load_results_for,
     provenance_facts,
+    public_provenance,
     validation_fact,
-    provenance_target,
-    public_text,
     read_config,
     read_provenance,
 )
 from dsparkhub.card.plots import ASSETS_DIR, plot_acceptance, plot_names, plot_speedup, plot_speedup_vs_concurrency
 from dsparkhub.compare import card_section
 from dsparkhub.card.tables import METHOD_LABELS, MODEL_PLACEHOLDER, card_data, is_reference, section, serve_commands
-from dsparkhub.target import target_repo_id
 from dsparkhub.repo_ids import is_repo_id as valid_repo_id
 from dsparkhub.verify.results.schema import VerifyResults
 
@@ -45,7 +44,7 @@ from dsparkhub.verify.results.schema import VerifyResults
 DEFAULT_TEMPLATE = "model_card.md.j2"
 
 
-def build_context(draft: str | Path, results: list[VerifyResults], *, license: str = "apache-2.0",
+def build_context(draft: str | Path, results: list[VerifyResults], *, license: str | None = None,
                   base_model: str | None = None, repo_id: str | None = None,
                   checks: list[str | Path] | None = None) -> dict[str, Any]:
     """Everything the template renders, derived from the results, the drafter config and its provenance.
@@ -53,15 +52,16 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
     Args:
         draft: drafter folder.
         results: checked results (see :func:`load_results_for`).
-        license: Hub license id.
-        base_model: target repo id for ``base_model``; default the provenance's or the results' target when it
-            is a Hub repo id (a local path is never written as ``base_model``).
+        license: Hub license id; default the target manifest's, else ``apache-2.0`` (:func:`card_license`).
+        base_model: the target's Hub repo id, used by every line that names the target (``base_model``, serve
+            commands, overview, validation, sections, provenance); default: :func:`card_target` (provenance,
+            results, the local target's config or manifest). A local path or folder name is never written.
         repo_id: the drafter's Hub repo id (``NS/NAME``), used as ``model`` in the serve commands.
         checks: ``vllm-check --json`` / ``sglang-check --json`` reports for the "Engine checks" lines.
 
     Raises:
-        CardError: the results disagree on the method, the drafter config is unusable, or a check report is
-            unreadable.
+        CardError: no Hub repo id of the target is known (names ``--base-model``), the results disagree on the
+            method, the drafter config is unusable, or a check report is unreadable.
         LayoutError: no layout recipe reads the drafter's config.
     """
     draft = Path(draft)
@@ -71,34 +71,30 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
     if len(methods) != 1:
         raise CardError(f"results files disagree on the method ({', '.join(sorted(methods))})")
     method = methods.pop()
-    if base_model is None:
-        candidates = [provenance_target(provenance)] + [r.target.id for r in results]
-        base_model = next((c for c in candidates if isinstance(c, str) and is_hub_name(c)), None)
-    if base_model is None:  # results of a local target written before results named it by Hub id
-        base_model = next((repo for r in results if Path(r.target.id).is_dir()
-                           for repo in [target_repo_id(r.target.id)[0]] if repo), None)
+    target, target_from = card_target(base_model, provenance, results)
     name = repo_id or draft.resolve().name
     # Prefer a real engine's measurements for the serve command; the reference engine's best n is a hint only.
     serve_res = next((r for r in results if not is_reference(r)), results[0])
-    target = base_model or public_text(serve_res.target.id)
     # never a local path: without --repo-id the serve commands hold a placeholder that `push` refuses
     model = repo_id or f"{MODEL_PLACEHOLDER}/{name}"
     plots = plot_names(results)
+    shown = public_provenance(provenance, target, target_from) if provenance else None
     return {
-        "card_data": card_data(results, name=name, base_model=base_model, license=license, method=method),
+        "card_data": card_data(results, name=name, base_model=target, license=card_license(license, target),
+                               method=method),
         "name": name, "repo_id": repo_id, "method": method, "method_label": METHOD_LABELS.get(method, method),
-        "target": target, "base_model": base_model, "facts": drafter_facts(drafter_spec(draft, cfg)) + [
-            f for f in [validation_fact(draft)] if f is not None],
+        "target": target, "base_model": target, "facts": drafter_facts(drafter_spec(draft, cfg)) + [
+            f for f in [validation_fact(draft, target)] if f is not None],
         "serve": (serve := serve_commands(serve_res, target=target, model=model)),
         "sglang": sglang_launch(method, serve["n"], target=target, model=model,
                                 tensor_parallel_size=serve_res.settings.tensor_parallel_size,
                                 max_model_len=serve_res.settings.max_model_len),
         "engine_checks": engine_checks(list(checks or [])),
         "serve_reference": is_reference(serve_res),
-        "sections": [section(r, p) for r, p in zip(results, plots)],
+        "sections": [section(r, p, target=target) for r, p in zip(results, plots)],
         "calibration": card_context(draft),
-        "provenance": provenance, "provenance_facts": provenance_facts(provenance),
-        "provenance_json": json.dumps(public_text(provenance), indent=2, sort_keys=True) if provenance else None,
+        "provenance": provenance, "provenance_facts": provenance_facts(shown),
+        "provenance_json": json.dumps(shown, indent=2, sort_keys=True) if provenance else None,
         "dsparkhub_version": __version__,
     }
 
@@ -169,7 +165,7 @@ def render_card(context: dict[str, Any], template: str | Path | None = None) -> 
 
 
 def write_card(draft: str | Path, results_paths: list[str | Path], *, template: str | Path | None = None,
-               license: str = "apache-2.0", base_model: str | None = None,
+               license: str | None = None, base_model: str | None = None,
                repo_id: str | None = None, overwrite: bool = False,
                checks: list[str | Path] | None = None,
                compare: list[str | Path] | None = None) -> CardOutput:

@@ -11,7 +11,7 @@ import json
 from types import MappingProxyType
 from typing import Any
 
-from dsparkhub.card.facts import public_text
+from dsparkhub.card.facts import is_hub_name, public_text
 from dsparkhub.serving import ENGINES, METHODS
 from dsparkhub.verify.results.schema import ModelRef, VerifyResults
 
@@ -69,7 +69,10 @@ def engine_label(res: VerifyResults) -> str:
     return f"{res.engine.version}, {res.engine.device}"
 
 
-def section(res: VerifyResults, plots: tuple[str, ...]) -> dict[str, Any]:
+def section(res: VerifyResults, plots: tuple[str, ...], *, target: str) -> dict[str, Any]:
+    """The template context of one results file's "Evaluation" block; ``target`` is the card's Hub id of the target,
+    shown as the target measured unless the file names another Hub id (a results file names a local target by its
+    folder name when it knew no Hub id)."""
     ns = res.settings.num_speculative_tokens
     reference = is_reference(res)
     rows = []
@@ -116,7 +119,7 @@ def section(res: VerifyResults, plots: tuple[str, ...]) -> dict[str, Any]:
         "reference": reference,
         "cpu_reference": reference and "cpu" in res.engine.device.lower(),
         "engine": res.engine, "settings": s, "date": res.date, "dsparkhub_version": res.dsparkhub_version,
-        "target": ModelRef(public_text(res.target.id), res.target.fingerprint),
+        "target": ModelRef(res.target.id if is_hub_name(res.target.id) else target, res.target.fingerprint),
         "drafter": ModelRef(public_text(res.drafter.id), res.drafter.fingerprint),
         "ns": ns, "positions": list(range(1, max_n + 1)),
         "rows": rows, "mean": mean, "change": change, "per_pos": per_pos, "details": details,
@@ -146,8 +149,9 @@ def _load_context(res: VerifyResults) -> dict[str, Any] | None:
             "stops_paying_at": res.stops_paying_at}
 
 
-def card_data(results: list[VerifyResults], *, name: str, base_model: str | None, license: str,
-               method: str) -> str:
+def card_data(results: list[VerifyResults], *, name: str, base_model: str | None, license: dict[str, str],
+              method: str) -> str:
+    """The card's YAML metadata (``huggingface_hub.ModelCardData``); ``license``: :func:`card_license`'s keys."""
     from huggingface_hub import EvalResult, ModelCardData
 
     evals = []
@@ -167,7 +171,7 @@ def card_data(results: list[VerifyResults], *, name: str, base_model: str | None
                                             metric_name=f"speedup (n={r.num_speculative_tokens}, {label}, "
                                                         f"{res.engine.device})"))
     tags = ["speculative-decoding", method, "draft-model", "vllm"]
-    kwargs: dict[str, Any] = dict(library_name="vllm", pipeline_tag="text-generation", license=license,
+    kwargs: dict[str, Any] = dict(library_name="vllm", pipeline_tag="text-generation", **license,
                                   tags=list(dict.fromkeys(tags)),
                                   inference=False)
     if base_model:

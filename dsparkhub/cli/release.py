@@ -24,8 +24,10 @@ from dsparkhub.secrets import redact
 @click.option("--results", "results_paths", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
               help="Results file from `dsparkhub verify` (repeat for several engines / dataset sets).")
 @click.option("--template", type=click.Path(), help="Jinja2 template replacing dsparkhub's model_card.md.j2.")
-@click.option("--license", "license_", default="apache-2.0", show_default=True, help="Hub license id.")
-@click.option("--base-model", help="Target repo id for the card's base_model (default: from provenance/results).")
+@click.option("--license", "license_", help="Hub license id (default: the target manifest's, e.g. `other` + "
+              "`license_name: modified-mit` for Kimi K2; else apache-2.0).")
+@click.option("--base-model", help="The target's Hub repo id, named by every card line that names the target "
+              "(default: from provenance / results / the local target's config; refused when none is known).")
 @click.option("--repo-id", help="This drafter's Hub repo id (NS/NAME), used in the serve commands.")
 @click.option("--overwrite", is_flag=True, help="Replace a README.md that dsparkhub did not write.")
 @click.option("--checks", "check_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -44,6 +46,11 @@ def card(draft, results_paths, template, license_, base_model, repo_id, overwrit
     click.echo(f"wrote {out.readme}")
     for p in out.plots:
         click.echo(f"wrote {p}")
+    if not repo_id:
+        from dsparkhub.card.tables import MODEL_PLACEHOLDER
+
+        click.echo(f"warning: the serve commands name the drafter `{MODEL_PLACEHOLDER}/...` (no --repo-id): a preview "
+                   "that `push` refuses; write the card again with --repo-id NS/NAME before publishing", err=True)
 
 
 @click.command("compare")

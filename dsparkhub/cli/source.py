@@ -112,7 +112,8 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--symlink", "link", flag_value="symlink", help="With --attach: symlink the target's files.")
 @click.option("--copy", "link", flag_value="copy", help="With --attach: copy the target's files.")
 @click.option("--allow-pickle", is_flag=True, help=ALLOW_PICKLE_HELP)
-@click.option("--base-model", help="The target's Hub repo id, recorded in provenance for the card (default: the "
+@click.option("--base-model", help="The target's Hub repo id, written wherever the output names the target "
+              "(speculators' verifier, provenance, validation.json; the card) instead of a local path (default: the "
               "target's config `_name_or_path`, or the manifest its headers match).")
 @handle_errors
 def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, allow_different_embeddings,
@@ -160,7 +161,7 @@ def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, all
     plan = plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
                            declare_block_layout=declare_block_layout, draft_vocab=draft_vocab,
                            draft_vocab_from=list(draft_vocab_from),
-                           allow_different_embeddings=allow_different_embeddings)
+                           allow_different_embeddings=allow_different_embeddings, base_model=base_model)
     if dry_run:
         from dsparkhub.convert import check_output
 

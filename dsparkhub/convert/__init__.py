@@ -101,11 +101,13 @@ def check_output(out: str | Path, plan: ConversionPlan, *, src: str | Path, over
 
 def _target_record(t: TargetSpec, base_model: str | None) -> dict:
     """Provenance of the target: Hub id (``base_model``, else :func:`dsparkhub.target.target_repo_id`), and for a
-    local folder its name, ``config.json`` sha256 and header fingerprint (no local path)."""
+    local folder its ``config.json`` sha256 and header fingerprint; the folder's own name only when no Hub id is
+    known (never a local path: this file is published)."""
     repo, how = (base_model, "--base-model") if base_model else target_repo_id(t)
     folder = Path(t.checkpoint.path) if t.local else None  # a Hub id read from the HF cache is local too
-    return {"source": repo or (folder.resolve().name if folder is not None else t.source), "repo_id": repo,
-            "repo_id_from": how if repo else None, "name": folder.resolve().name if folder is not None else None,
+    name = folder.resolve().name if folder is not None and not repo else None
+    return {"source": repo or name or t.source, "repo_id": repo,
+            "repo_id_from": how if repo else None, "name": name,
             "config_sha256": sha256_file(folder / "config.json") if folder is not None else None,
             "header_fingerprint": target_fingerprint(folder) if folder is not None else None}
 
@@ -128,8 +130,10 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
         pickle_origin: the folder the user named when ``src`` is the temporary safetensors copy of its pickle
             weights (``--allow-pickle``, :func:`dsparkhub.io.pickle_weights.pickle_as_safetensors`): provenance then
             records that folder and the sha256 of its own pickle files, not the temporary copy.
-        base_model: the target's Hub repo id, recorded in provenance (``target.repo_id``) and used by the card;
-            default: found by :func:`dsparkhub.target.target_repo_id` (config ``_name_or_path``, manifests).
+        base_model: the target's Hub repo id, recorded in provenance (``target.repo_id``) and ``validation.json``,
+            written into config keys that name the target (speculators) and used by the card; default: the plan's
+            (``options["base_model"]``), else found by :func:`dsparkhub.target.target_repo_id` (config
+            ``_name_or_path``, manifests).
         progress: called as ``progress(phase, done, total)``: ``"write"`` with bytes on disk of the planned total
             (polled every 0.2 s while the shards are written), then ``"hash"`` with source files hashed (the
             provenance hash, which runs beside the copy). The CLI draws bars on stderr from it.
@@ -146,7 +150,8 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     refuse_overlap(out, {"drafter": src, "pickle source": pickle_origin})  # before planning: refusals cost nothing
     claim_output(out, overwrite=overwrite)
     plan = plan or plan_conversion(src, target, to=to, layout=layout, force=force, keep_embeddings=keep_embeddings,
-                                   allow_different_embeddings=allow_different_embeddings)
+                                   allow_different_embeddings=allow_different_embeddings, base_model=base_model)
+    base_model = base_model or plan.options.get("base_model")
     d = plan.draft
     check_output(out, plan, src=src, overwrite=overwrite, pickle_origin=pickle_origin)
     # the source files are hashed (for provenance) on a second core while the tensors are copied
@@ -190,7 +195,8 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
             shutil.copyfile(Path(d.checkpoint.path) / name, tmp / name)
         files += plan.carried
         write_json(tmp / "config.json", plan.config)
-        record = _validate_output(tmp, plan)
+        target = None if plan.target is None else _target_record(plan.target, base_model)
+        record = _validate_output(tmp, plan, None if target is None else target["repo_id"])
         if progress is not None:
             progress("hash", 0, 1)
         src_hashes = src_future.result()
@@ -205,7 +211,7 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
             "source": {"name": (origin or Path(d.checkpoint.path)).resolve().name, "layout": d.recipe.name,
                        "files": {Path(p).name: h for p, h in src_hashes.items()},
                        **({"read_with": "torch.load(weights_only=True)"} if origin else {})},
-            "target": None if plan.target is None else _target_record(plan.target, base_model),
+            "target": target,
             "layout": plan.recipe.name,
             "options": plan.options,
             "tensors": {"written": len(plan.copies),
@@ -222,10 +228,11 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
     return ConversionResult(out, plan, files, provenance, record)
 
 
-def _validate_output(tmp: Path, plan: ConversionPlan):
+def _validate_output(tmp: Path, plan: ConversionPlan, target_repo: str | None):
     """Validate what was written (headers only, in the temporary folder before the rename) and write its record,
     ``validation.json`` (:mod:`dsparkhub.validate.record`): the one settings-independent validation of the output
-    that ``verify``, ``push`` and ``card`` then read instead of validating again.
+    that ``verify``, ``push`` and ``card`` then read instead of validating again. ``target_repo``: the target's Hub
+    id, the name the record gives it (else :func:`dsparkhub.target.public_name`).
 
     Raises:
         ValidationFailedError: the output has errors the source did not (a conversion that breaks the drafter),
@@ -238,7 +245,7 @@ def _validate_output(tmp: Path, plan: ConversionPlan):
 
     d = open_draft(tmp, layout=plan.recipe.name)
     base = validate_base(d, plan.target)
-    record = make_record(base, d, plan.target)
+    record = make_record(base, d, plan.target, target_name=target_repo)
     if not record.summary.ok and not plan.options.get("force"):
         report = base.report(str(tmp))
         raise validation_error(report, against=f"its target {plan.target.source}" if plan.target else "vLLM's contract",

@@ -20,7 +20,7 @@ from dsparkhub.target import TargetSpec, open_target
 from dsparkhub.validate import validate
 from dsparkhub.validate.report import Finding, ValidationReport, validation_error
 
-from dsparkhub.convert.target_fill import fill_from_target, reduce_vocab
+from dsparkhub.convert.target_fill import check_base_model, fill_from_target, reduce_vocab
 
 SHARED_WITH_TARGET = {"embed_tokens.weight": "embed", "lm_head.weight": "lm_head"}
 #: files beside the weights that vLLM 0.32 reads from the drafter folder: ``mask_embedding.pt``, a separately trained
@@ -174,7 +174,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
                     layout: str | None = None, force: bool = False, keep_embeddings: bool = False,
                     declare_block_layout: str | None = None, draft_vocab: int | None = None,
                     draft_vocab_from: list[str] | None = None,
-                    allow_different_embeddings: bool = False) -> ConversionPlan:
+                    allow_different_embeddings: bool = False, base_model: str | None = None) -> ConversionPlan:
     """Decide a conversion from headers (and the embedding / LM-head bytes), writing nothing.
 
     Args:
@@ -192,13 +192,18 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         draft_vocab_from: dataset specs counted for ``draft_vocab`` (as ``verify --datasets``).
         allow_different_embeddings: convert a drafter whose frozen embedding / LM-head copy (the source recipe's
             ``frozen_copies``: DeepSpec) differs from the target's; the copy is kept and DSH312 stays in the report.
+        base_model: the target's Hub repo id, for config keys that name the target (speculators
+            ``speculators_config.verifier.name_or_path``); default: found from the target
+            (:func:`dsparkhub.convert.target_fill.verifier_hub_id`).
 
     Raises:
         ValidationFailedError: validation against the target found errors and ``force`` is False; or a frozen copy
             differs from the target's bytes (DSH312) and neither ``allow_different_embeddings`` nor ``force``.
-        ConversionRefusedError: the output layout cannot express the drafter's block layout or family.
+        ConversionRefusedError: the output layout cannot express the drafter's block layout or family, or names the
+            target and no Hub repo id of it is known (``base_model`` names it).
         DsparkhubError subclasses from reading the source or target.
     """
+    check_base_model(base_model, src)
     d = open_draft(src, layout=layout)
     t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
     if declare_block_layout and declare_block_layout != d.spec.block_layout:
@@ -248,7 +253,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         raise ConversionRefusedError(why + "; writing it there would change how the drafter attends",
                                      path=d.checkpoint.path,
                                      hint="convert to a layout that expresses it (zlab-dflash / vllm write `is_causal`)")
-    fill_from_target(spec, t, recipe, d.checkpoint.path)
+    fill_from_target(spec, t, recipe, d.checkpoint.path, base_model)
     computed = {}
     if draft_vocab is not None:
         if limits.get("full_vocab"):
@@ -305,6 +310,8 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
         options["allow_different_embeddings"] = True
     if draft_vocab is not None:
         options["draft_vocab"] = dv.to_dict()
+    if base_model is not None:
+        options["base_model"] = base_model
     carried = [f for f in CARRIED_FILES if (Path(d.checkpoint.path) / f).is_file()]
     if carried and spec.variant == "dspark":
         d.spec.notes.append("mask_embedding.pt is carried, but vLLM 0.32's DSpark never reads it: it masks via the "

@@ -8,8 +8,10 @@ not match the folder and target at hand is never used (the caller validates agai
   ``*.safetensors`` file's size and header bytes, ``dspark_sts.json`` and the ``d2t`` tensor's bytes: header-only,
   so it costs a convert ~nothing; with ``deep`` also :func:`~dsparkhub.io.hashing.checkpoint_fingerprint` (the
   data the NaN / Inf scan read);
-- the target: :func:`target_identity`, the sha256 of its source string (not stored: no local path is published)
-  and of everything of it the rules read (its text config, the embedding / LM-head headers, its manifest facts);
+- the target: :func:`target_identity`, the sha256 of what the target is, not of how its path was spelled (``./t``,
+  ``t/`` and ``/abs/t`` are one target): a Hub target's repo id and revision, a local folder's ``config.json`` and
+  every tensor header; plus everything of it the rules read (its text config, the embedding / LM-head headers, its
+  manifest facts). Nothing of it is stored in clear: no local path is published;
 - the dsparkhub version (rules change between versions).
 
 Findings are stored as templates: a location inside the drafter folder as its file name plus the rest (rendered
@@ -189,14 +191,28 @@ def drafter_fingerprint(d: OpenedDraft) -> str:
 
 
 def target_identity(t: TargetSpec | None) -> str | None:
-    """sha256 of the target's source string and of everything of it the rules read (None for no target)."""
+    """sha256 of what the target is and of everything of it the rules read (None for no target).
+
+    A local folder is identified by its content, from what is already open plus one ``stat`` per shard (its
+    ``config.json``, index and every shard's name and size; the embedding / LM-head headers are in the facts), not
+    by the path it was given under; a Hub target or a manifest by
+    its source (``ns/name@rev``, ``manifest:NAME``). So ``validate --save`` with ``--target ./t`` and ``verify`` with
+    ``--target /abs/t`` share one record, and a target folder that was changed does not.
+    """
     if t is None:
         return None
     head = {k: None if v is None else [v.name, v.dtype, list(v.shape)] for k, v in (("embed", t.embed),
                                                                                    ("lm_head", t.lm_head))}
     facts = {"config": t.config, "local": t.local, "manifest": t.manifest, "defaults": t.default_target_layer_ids,
              **head}
-    return _sha(t.source.encode(), json.dumps(facts, sort_keys=True, default=str).encode())
+    if t.local and t.manifest is None:
+        ck = t.checkpoint  # lazy for a sharded target: its shard headers are not all parsed for this
+        sizes = {f: (Path(ck.path) / f).stat().st_size for f in ck.files}
+        what = json.dumps({"config": ck.config, "index": ck.index, "shards": sizes}, sort_keys=True,
+                          default=str).encode()
+    else:
+        what = t.source.encode()
+    return _sha(what, json.dumps(facts, sort_keys=True, default=str).encode())
 
 
 def record_key(d: OpenedDraft, t: TargetSpec | None, deep: bool) -> _Key:
@@ -205,8 +221,11 @@ def record_key(d: OpenedDraft, t: TargetSpec | None, deep: bool) -> _Key:
                 checkpoint_fingerprint(d.checkpoint.path) if deep else None)
 
 
-def make_record(base: BasePass, d: OpenedDraft, t: TargetSpec | None) -> ValidationRecord:
-    """The record of a settings-independent pass ``base`` of the local drafter ``d`` against ``t``.
+def make_record(base: BasePass, d: OpenedDraft, t: TargetSpec | None, *,
+                target_name: str | None = None) -> ValidationRecord:
+    """The record of a settings-independent pass ``base`` of the local drafter ``d`` against ``t``; ``target_name``
+    is the target's Hub repo id when the caller knows it (``--base-model``), else
+    :func:`dsparkhub.target.public_name` of its source (a Hub id, manifest name or the folder's own name).
 
     Raises:
         ValueError: ``d`` is remote, or a finding does not render back to itself (a record must be exact).
@@ -232,7 +251,8 @@ def make_record(base: BasePass, d: OpenedDraft, t: TargetSpec | None) -> Validat
                    None if fl is None else _FinalLayer(fl.target_layers, fl.trained, fl.sources))
     errors = sorted({f.code for f in base.findings if f.severity == "error"})
     warnings = sorted({f.code for f in base.findings if f.severity == "warning"})
-    record = ValidationRecord(SCHEMA, record_key(d, t, base.deep), None if t is None else public_name(t.source),
+    name = None if t is None else target_name or public_name(t.source)
+    record = ValidationRecord(SCHEMA, record_key(d, t, base.deep), name,
                               base.layout, _Summary(not errors, errors, warnings), out, facts,
                               json.loads(json.dumps(base.spec)))
     back = record.base_pass(root, source)
@@ -241,13 +261,26 @@ def make_record(base: BasePass, d: OpenedDraft, t: TargetSpec | None) -> Validat
     return record
 
 
+def _umask() -> int:
+    """The process umask, read without changing it (``os.umask`` sets it, which races with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 def write_record(folder: str | Path, record: ValidationRecord) -> Path:
     """Write ``record`` as ``folder/validation.json`` atomically (a temporary file in ``folder``, then
-    ``os.replace``). Returns the path."""
+    ``os.replace``), with the mode any other written file gets (0666 less the umask; ``mkstemp`` makes 0600).
+    Returns the path."""
     path = Path(folder) / VALIDATION_FILE
     data = json.dumps(msgspec.to_builtins(record), indent=2) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{VALIDATION_FILE}.", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(data)
         os.replace(tmp, path)

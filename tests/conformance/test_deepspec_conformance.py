@@ -216,7 +216,7 @@ def test_dflash_mask_embedding_file_is_carried_byte_for_byte(tmp_path):
 
     src = F.make_zlab_dflash_drafter(tmp_path / "dflash", TARGET)
     raw = _save_mask_embedding(src, 127)
-    result = convert(src, tmp_path / "out", TARGET, to="speculators")
+    result = convert(src, tmp_path / "out", TARGET, to="speculators", base_model="dsparkhub-test/toy-target")
     assert (tmp_path / "out" / "mask_embedding.pt").read_bytes() == raw
     assert "mask_embedding.pt" in result.files
     assert result.provenance["source"]["files"]["mask_embedding.pt"]
@@ -251,5 +251,5 @@ def test_vllm_finds_the_carried_mask_embedding(tmp_path):
 
     src = F.make_zlab_dflash_drafter(tmp_path / "dflash", TARGET)
     raw = _save_mask_embedding(src, 127)
-    convert(src, tmp_path / "out", TARGET, to="speculators")
+    convert(src, tmp_path / "out", TARGET, to="speculators", base_model="dsparkhub-test/toy-target")
     assert get_hf_file_bytes("mask_embedding.pt", str(tmp_path / "out"), None) == raw

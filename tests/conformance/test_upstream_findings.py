@@ -54,12 +54,21 @@ def test_dflash2_codebooks_get_vllm_names_and_shapes(fixture_copy, toy_target):
     assert ("DSH203", "tensor layers.0.mlp_conv.kernel_projection.weight") in codes
 
 
+#: the toy target's Hub id for outputs that name their verifier (it has no `_name_or_path` of its own)
+HUB_ID = "dsparkhub-test/toy-qwen3-target"
+
+
 def test_speculators_output_names_the_verifier_from_the_target(tmp_path, toy_target):
-    """Item 1: a source without a verifier gets --target's architectures (speculators 0.9.0 VerifierConfig)."""
-    out = convert(FIXTURES / "dflash-dflash", tmp_path / "s", toy_target, to="speculators").out
+    """Item 1: a source without a verifier gets --target's architectures (speculators 0.9.0 VerifierConfig) and its
+    Hub id (issue 29 item 2: speculators' load_verifier_weights and vLLM read name_or_path; never a local path): the
+    toy target has none, so the conversion is refused naming --base-model, and --base-model is written."""
+    with pytest.raises(ConversionRefusedError, match="Hub repo id") as err:
+        convert(FIXTURES / "dflash-dflash", tmp_path / "s", toy_target, to="speculators")
+    assert "--base-model" in err.value.hint and not (tmp_path / "s").exists()
+    out = convert(FIXTURES / "dflash-dflash", tmp_path / "s", toy_target, to="speculators", base_model=HUB_ID).out
     verifier = _config(out)["speculators_config"]["verifier"]
     assert verifier["architectures"] == ["Qwen3ForCausalLM"]
-    assert verifier["name_or_path"] == str(toy_target)
+    assert verifier["name_or_path"] == HUB_ID
 
 
 def test_speculators_output_without_any_verifier_is_refused(tmp_path):
@@ -86,7 +95,7 @@ def test_bidirectional_sliding_layers_stay_bidirectional(tmp_path, toy_target, n
     out = convert(FIXTURES / name, tmp_path / "o", toy_target, to=to).out
     cfg = _config(out)
     assert cfg["layer_types"] == ["sliding_attention"] and cfg["is_causal"] is False
-    back = convert(out, tmp_path / "back", toy_target, to="speculators").out
+    back = convert(out, tmp_path / "back", toy_target, to="speculators", base_model=HUB_ID).out
     assert _config(back)["sliding_window_non_causal"] is True
 
 
@@ -94,7 +103,7 @@ def test_causal_sliding_layers_stay_causal(tmp_path, toy_target):
     out = convert(FIXTURES / "speculators-dflash", tmp_path / "z", toy_target, to="zlab-dflash").out
     cfg = _config(out)
     assert cfg["layer_types"] == ["sliding_attention"] and cfg.get("is_causal", True) is True
-    back = convert(out, tmp_path / "back", toy_target, to="speculators").out
+    back = convert(out, tmp_path / "back", toy_target, to="speculators", base_model=HUB_ID).out
     assert _config(back)["sliding_window_non_causal"] is False
 
 

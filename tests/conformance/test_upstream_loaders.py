@@ -36,6 +36,9 @@ LAYOUTS = {
     "dflash-dflash": ["zlab-dflash", "speculators"],
     "dflash-dflash2": ["zlab-dflash", "speculators"],
 }
+#: the Hub id the outputs name the toy verifier by (speculators_config.verifier.name_or_path is never a local path);
+#: the upstream loaders find it in an offline HF cache made from the toy target (:func:`_hf_cache`)
+VERIFIER = "dsparkhub-test/toy-qwen3-target"
 #: layout -> the upstream loader (in .venv-upstream) that serves it; vLLM loads every layout here
 UPSTREAM_LOADER = {"speculators": "speculators", "speculators-eagle3": "speculators", "zlab-dflash": "dflash"}
 
@@ -49,8 +52,22 @@ def _need_upstream():
     pytest.skip(msg)
 
 
-def _run_json(cmd: list[str], marker: str | None = None, cwd: Path | None = None) -> list[dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+def _hf_cache(root: Path, target: Path) -> Path:
+    """An HF hub cache holding ``target`` as :data:`VERIFIER` at one commit (the layout ``hf_hub_download`` reads
+    offline: ``refs/main`` names the snapshot folder)."""
+    import shutil
+
+    commit = "0" * 40
+    repo = root / ("models--" + VERIFIER.replace("/", "--"))
+    shutil.copytree(target, repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    return root
+
+
+def _run_json(cmd: list[str], marker: str | None = None, cwd: Path | None = None,
+              env_extra: dict | None = None) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env_extra or {})}
     env.pop("PYTHONPATH", None)  # the upstream venv must not import this checkout's packages
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -67,11 +84,12 @@ def outputs(tmp_path_factory, toy_target):
     for name, layouts in LAYOUTS.items():
         src = FIXTURES / name
         home = open_draft(src).recipe.name
-        out[(name, "default")] = convert(src, root / name / "default", toy_target).out
+        out[(name, "default")] = convert(src, root / name / "default", toy_target, base_model=VERIFIER).out
         for layout in layouts:
-            mid = convert(src, root / name / layout, toy_target, to=layout).out
+            mid = convert(src, root / name / layout, toy_target, to=layout, base_model=VERIFIER).out
             out[(name, layout)] = mid
-            out[(name, f"back:{layout}")] = convert(mid, root / name / f"back-{layout}", toy_target, to=home).out
+            out[(name, f"back:{layout}")] = convert(mid, root / name / f"back-{layout}", toy_target, to=home,
+                                                    base_model=VERIFIER).out
     return out
 
 
@@ -93,9 +111,11 @@ def loaded(outputs, toy_target, tmp_path_factory):
         if layout in UPSTREAM_LOADER:
             upstream_jobs.append({"loader": UPSTREAM_LOADER[layout], "path": str(folder)})
             upstream_keys.append(key)
-    # speculators resolves the fixtures' relative verifier name (`toy-qwen3-target`) from the working directory
+    # speculators resolves the fixtures' relative verifier name (`toy-qwen3-target`) from the working directory, and
+    # the outputs' Hub id (VERIFIER) from the HF cache, offline
+    cache = _hf_cache(tmp_path_factory.mktemp("hf-cache"), toy_target)
     up = _run_json([str(UPSTREAM_PY), str(HERE / "upstream_load.py"), json.dumps(upstream_jobs)],
-                   cwd=toy_target.parent)
+                   cwd=toy_target.parent, env_extra={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
     vl = _run_json([sys.executable, str(HERE / "vllm_load.py"), str(toy_target), json.dumps([str(j) for j in jobs])],
                    marker="CONFORMANCE-JSON ")
     result = {(k, "upstream"): r for k, r in zip(upstream_keys, up)}
@@ -177,3 +197,18 @@ def test_round_trip_is_bit_identical_and_strictly_loadable(name, outputs):
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), canon
         assert (back.spec.causal, back.spec.target_layer_ids, back.spec.block_size, back.spec.block_layout) == \
             (src.spec.causal, src.spec.target_layer_ids, src.spec.block_size, src.spec.block_layout)
+
+
+def test_speculators_outputs_name_their_verifier_by_hub_id(outputs, toy_target):
+    """Every speculators-layout output names the verifier by the Hub id given (--base-model), never by the toy
+    target's local path; the fixtures' own relative name is replaced too (speculators would read it from the working
+    directory). The upstream loader loads each from the HF cache (test_outputs_load_in_the_upstream_loader...)."""
+    checked = 0
+    for key, folder in outputs.items():
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+        verifier = (cfg.get("speculators_config") or {}).get("verifier")
+        if verifier is not None:
+            checked += 1
+            assert verifier["name_or_path"] == VERIFIER, (key, verifier)
+            assert str(toy_target) not in json.dumps(cfg), key
+    assert checked >= 8
