@@ -84,7 +84,8 @@ ROUND_TRIPS = {"reference": _reference, "vllm": _vllm, "vllm-serve": _vllm_serve
 
 def _card_and_compare(draft, results_path) -> str:
     """``dsparkhub card`` and ``dsparkhub compare`` on one results file; returns the card's text."""
-    r = CliRunner().invoke(main, ["card", str(draft), "--results", str(results_path)])
+    r = CliRunner().invoke(main, ["card", str(draft), "--results", str(results_path),
+                                  "--base-model", "org/tiny-target"])
     assert r.exit_code == 0, r.output
     card = (draft / "README.md").read_text()
     r = CliRunner().invoke(main, ["compare", str(results_path)])

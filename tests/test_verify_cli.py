@@ -615,7 +615,7 @@ def test_the_card_lists_the_no_acceptance_warning(setup, tmp_path):
     runner.run_verify(draft, target, VerifySettings(datasets=[str(prompts)], num_speculative_tokens=[2],
                                                     max_new_tokens=4),
                       backend=DeadDrafter(), progress=False, validate_fn=no_validate, out=out)
-    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out)])
+    card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out), "--base-model", "org/tiny-target"])
     assert card.exit_code == 0, card.output
     text = (draft / "README.md").read_text()
     assert "Warnings `dsparkhub verify` printed:\n  - no draft token was accepted at any position in every run" in text
