@@ -23,7 +23,7 @@ from safetensors import safe_open
 from dsparkhub.cli import main
 from dsparkhub.convert import convert
 from dsparkhub.layouts.reading import open_draft
-from dsparkhub.skeleton import sparse_drafter
+from dsparkhub.skeleton import sparse_drafter, write_skeleton
 from dsparkhub.validate import validate
 
 from .conftest import FIXTURES
@@ -126,15 +126,19 @@ def test_inspect_json():
     assert (info["layout"], info["family"], info["block_size"]) == ("torchspec-k3", "k3-mla", 7)
 
 
-def test_the_export_at_k3_size_validates_against_the_kimi_k3_manifest(tmp_path):
-    """The export's keys and tensor names at Kimi K3's sizes (headers only) against the kimi-k3 manifest."""
+def test_the_export_at_k3_size_validates_against_the_kimi_k3_manifest_and_skeleton(tmp_path):
+    """The export's keys and tensor names at Kimi K3's sizes (headers only) against the kimi-k3 manifest and a
+    real-size K3 skeleton (``dsparkhub skeleton kimi-k3``); the toy export itself is 32 wide, so DSH305 there."""
     cfg = {**json.loads((PRUNED / "config.json").read_text()), **K3_SIZES}
     src = sparse_drafter(tmp_path / "k3", cfg)
     assert open_draft(src).recipe.name == "torchspec-k3"
-    report = validate(src, "kimi-k3")
-    assert report.errors == [], [f.message for f in report.errors]
+    skeleton = write_skeleton("kimi-k3", tmp_path / "kimi-k3").out
+    for target in ("kimi-k3", str(skeleton)):
+        report = validate(src, target)
+        assert report.errors == [], [f.message for f in report.errors]
     res = CliRunner().invoke(main, ["validate", str(src), "--target", "kimi-k3"])
     assert res.exit_code == 0, res.output
+    assert "DSH305" in validate(PLAIN, "kimi-k3").codes
 
 
 def test_convert_writes_the_k3_layout_vllm_loads_bit_identical(converted_all):
