@@ -21,6 +21,9 @@ deepinfra/TorchSpec 30189db tree (``make_torchspec_fixtures.UPSTREAM_COMMIT``) t
 
 Patches, nothing else:
 
+- the committed fixtures were made with a copy of the 7f1e090 file transcribed from the code index without
+  ``K3DSparkMLAAttention.forward`` (never called: no forward pass is run to make a checkpoint);
+
 - ``numba`` / ``wandb`` import stubs (as make_torchspec_fixtures.py);
 - the 30189db ``DFlashDecoderLayer`` builds ``DFlashAttention`` by name (7f1e090's has the ``attention_class`` hook
   ``K3DSparkDecoderLayer`` sets): ``dflash.DFlashAttention`` is pointed at ``K3DSparkMLAAttention`` while the model
