@@ -196,3 +196,36 @@ def test_best_n_is_read_from_the_results_by_card_and_compare(tmp_path):
     cell = load_cell(res, 8)
     assert (cell.n, cell.reliable) == (7, False)
     assert res.best_n(32) is None and load_cell(res, 32) is None
+
+
+# --- issue 30: LightSeek's Kimi K3 table shape from three results files, one per drafter TorchSpec trains
+# (EAGLE-3, DFlash2, DSpark) on one target: τ and throughput per concurrency, the first hand-over of the lead
+
+# wall seconds per (n, concurrency) on the 12-token dataset (baseline 1.2 s): DSpark leads at 1, DFlash2 at 8,
+# EAGLE-3 at 32 -- the concurrency-dependent choice of LightSeek's release
+WALLS = {"dspark": {(3, 1): 0.4, (3, 8): 0.7, (3, 32): 0.9},
+         "dflash2": {(3, 1): 0.5, (3, 8): 0.5, (3, 32): 0.8},
+         "eagle3": {(3, 1): 0.6, (3, 8): 0.6, (3, 32): 0.45}}
+
+
+@pytest.fixture
+def three_k3(tmp_path):
+    # a DFlash2 drafter runs as vLLM's method "dflash" (the results schema's methods: dspark, dflash, eagle3)
+    return [make(tmp_path / f"{m}.json", f"kimi-k3-{m}", {"dflash2": "dflash"}.get(m, m), walls,
+                 target="moonshotai/Kimi-K3") for m, walls in WALLS.items()]
+
+
+def test_three_drafters_give_lightseeks_table_and_first_crossover(three_k3):
+    (cmp,) = compare(load_sources(three_k3))
+    assert cmp.concurrencies == [1, 8, 32]
+    assert set(cmp.load) == {"kimi-k3-dspark", "kimi-k3-dflash2", "kimi-k3-eagle3"}
+    for label, walls in WALLS.items():
+        for (n, c), wall in walls.items():
+            cell = cmp.load[f"kimi-k3-{label}"][c]
+            assert cell.n == n and cell.tokens_per_s == pytest.approx(12 / wall)
+            assert cell.tau == pytest.approx(1 + n / 2)  # half of the drafts accepted, plus the bonus token
+    x = cmp.crossover
+    assert (x.leader, x.to, x.from_concurrency, x.at) == ("kimi-k3-dspark", "kimi-k3-dflash2", 1, 8)
+    text, md = format_text([cmp]), format_markdown([cmp])
+    assert "target moonshotai/Kimi-K3" in text and "crossover: kimi-k3-dflash2 matches or passes kimi-k3-dspark" in text
+    assert all(label in md for label in cmp.load) and "| concurrency |" in md

@@ -27,7 +27,7 @@ def _field(config: dict, recipe: Recipe, name: str, default=None):
     for key in recipe.read_keys(name):
         value = get_key(config, key)
         if value is not MISSING and value is not None:
-            return value
+            return recipe.read_value(name, value)
     return default
 
 

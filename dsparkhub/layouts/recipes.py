@@ -145,6 +145,13 @@ class Recipe:
         keys = self.data.get("fields", {}).get(name) or []
         return list(keys["read"]) if isinstance(keys, dict) else list(keys)
 
+    def read_value(self, name: str, value):
+        """``value`` read for canonical field ``name``, its spelling mapped by ``fields.<name>.values`` (as is when
+        the recipe lists no spelling for it)."""
+        keys = self.data.get("fields", {}).get(name)
+        spellings = keys.get("values") if isinstance(keys, dict) else None
+        return spellings.get(value, value) if spellings and isinstance(value, str) else value
+
     def write_key(self, name: str) -> str | None:
         """Config key written for canonical field ``name`` (None: the layout has no such key)."""
         keys = self.data.get("fields", {}).get(name) or []

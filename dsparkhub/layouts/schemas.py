@@ -77,10 +77,12 @@ class BlockLayoutRule(_Strict):
 
 
 class FieldKeys(_Strict):
-    """``fields.<name>: {read: [...], write: KEY}`` when the key written is not the first one read."""
+    """``fields.<name>: {read: [...], write: KEY, values: {spelling: canonical}}`` when the key written is not the
+    first one read, or a value has several spellings (TorchSpec's Markov head ``classical`` = ``vanilla``)."""
 
     read: list[str]
     write: str | None
+    values: dict[str, str] = {}
 
 
 class ExtraKey(_Strict):

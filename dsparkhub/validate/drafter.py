@@ -103,8 +103,9 @@ def check_layout_rules(d: OpenedDraft, out: Collector) -> None:
     """Rules specific to one layout: K3DSparkConfig's refusals, V4 stage counts, hidden-state id 0."""
     spec, cfg = d.spec, d.checkpoint.config
     cfg_file = str(Path(d.checkpoint.path) / "config.json")
-    if d.recipe.name == "k3-dspark":
-        # vLLM 0.32 transformers_utils/configs/k3_dspark.py K3DSparkConfig.__init__
+    if d.recipe.name in ("k3-dspark", "torchspec-k3"):
+        # vLLM 0.32 transformers_utils/configs/k3_dspark.py K3DSparkConfig.__init__ (TorchSpec's K3DSparkMLAAttention
+        # refuses mla_use_output_gate too: lightseekorg/TorchSpec 7f1e090 torchspec/models/draft/dspark.py)
         for key in ("mla_use_nope", "mla_use_output_gate", "mla_use_qk_norm", "dspark_bonus_anchor"):
             if cfg.get(key):
                 out.add("DSH109", f"`{key}` is true; vLLM's MLA DSpark does not support it",
