@@ -470,3 +470,21 @@ def test_card_license_comes_from_the_target_manifest_unless_given(tmp_path):
     assert meta["license"] == "mit" and "license_name" not in meta
     assert front_matter(write_card(draft, [r]).readme.read_text())["license"] == "apache-2.0"  # Qwen3-8B manifest
     assert front_matter(write_card(draft, [r], base_model="org/unknown").readme.read_text())["license"] == "apache-2.0"
+
+
+def _outside_details(text: str) -> str:
+    """The card's text without its folded ``<details>`` blocks."""
+    return re.sub(r"<details>.*?</details>", "", text, flags=re.S)
+
+
+def test_hashes_are_folded_away_except_the_drafter_fingerprint(tmp_path):
+    draft = make_drafter(tmp_path / "d", provenance=PROVENANCE)
+    out = write_card(draft, [make_results(draft, tmp_path / "ref.json")], repo_id="org/qwen3-8b-dspark")
+    text = out.readme.read_text()
+    assert "<details><summary>Provenance and hashes</summary>" in text
+    visible = _outside_details(text)
+    # the one hash left in view is the fingerprint line `push` checks the weights against (hub/trust.py)
+    assert re.findall(r"[0-9a-f]{40,}", visible) == [checkpoint_fingerprint(draft)]
+    assert "c0ffee" * 10 in text and "c0ffee" * 10 not in visible
+    assert "Converted from `step_1200` (deepspec layout) to the vllm layout with dsparkhub 0.1.0 on 2026-11-30" \
+        in visible

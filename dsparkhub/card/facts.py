@@ -317,6 +317,25 @@ def provenance_facts(provenance: dict | None) -> list[tuple[str, str]]:
     return facts
 
 
+def provenance_summary(provenance: dict | None) -> str | None:
+    """One sentence on where the weights come from (source checkpoint and layout, the dsparkhub version and date of
+    the conversion), shown above the folded hashes; pass it through :func:`public_provenance` first. None without
+    provenance."""
+    if not provenance:
+        return None
+    src = provenance.get("source")
+    name = (src.get("name") or src.get("path")) if isinstance(src, dict) else src if isinstance(src, str) else None
+    layout = src.get("layout") if isinstance(src, dict) else None
+    version = provenance.get("version") or provenance.get("dsparkhub_version")
+    text = "Converted" + (f" from `{public_text(name)}`" if name else "") + (f" ({layout} layout)" if layout else "")
+    if provenance.get("layout"):
+        text += f" to the {provenance['layout']} layout"
+    if version:
+        text += f" with dsparkhub {version}" + (f" on {str(provenance['created'])[:10]}"
+                                                if provenance.get("created") else "")
+    return text + "; the source and written files' hashes are below."
+
+
 def validation_fact(draft: str | Path, target: str) -> tuple[str, str] | None:
     """The "Validation" bullet from the folder's ``validation.json`` (:mod:`dsparkhub.validate.record`): its outcome
     against the target it names, with the vLLM engine's view of the target's last layer and no n (the card's
