@@ -488,3 +488,17 @@ def test_hashes_are_folded_away_except_the_drafter_fingerprint(tmp_path):
     assert "c0ffee" * 10 in text and "c0ffee" * 10 not in visible
     assert "Converted from `step_1200` (deepspec layout) to the vllm layout with dsparkhub 0.1.0 on 2026-11-30" \
         in visible
+
+
+def test_the_sglang_command_serves_the_calibration_sidecar_at_its_gamma(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    res = make_results(draft, tmp_path / "ref.json")
+    n, _ = read_results(res).best_n()
+    (draft / "dspark_sts.json").write_text(json.dumps({"temperatures": [1.1] * n}))  # SGLang's own fitter's file
+    text = write_card(draft, [res], repo_id="org/d").readme.read_text()
+    assert (f'--speculative-dspark-block-size {n} \\\n  --speculative-dspark-confidence-sts-path '
+            f'"$(hf download org/d dspark_sts.json)"') in text
+    (draft / "dspark_sts.json").write_text(json.dumps({"temperatures": [1.1] * (n + 1)}))
+    text = write_card(draft, [res], repo_id="org/d").readme.read_text()
+    assert "confidence-sts-path" not in text.split("## Use with SGLang")[1].split("```")[1]
+    assert f"fitted for γ = {n + 1} and SGLang refuses it at γ = {n}" in text
