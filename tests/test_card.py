@@ -197,7 +197,7 @@ def test_card_with_gpu_results_and_provenance(tmp_path):
             f"\"num_speculative_tokens\": {best}}}'") in text  # no --repo-id: a placeholder push refuses
     assert "    tensor_parallel_size=8,\n    max_model_len=20000," in text
     assert "compilation_config={'pass_config': {'fuse_allreduce_rms': False}}," in text
-    assert "had the highest mean speedup in the `vllm` measurements" in text
+    assert "In the `vllm` measurements below: No n is reliably better" in text  # one timed repeat: no spread
     assert "### CPU reference engine" in text and "### vLLM offline engine (vllm 0.32.0, NVIDIA H200 x8)" in text
     assert "on NVIDIA H200 x8" in text
     assert "- **Source checkpoint:** `step_1200` (deepspec layout)" in text  # an old file's path, by its name
@@ -455,7 +455,8 @@ def test_card_concurrency_table_plot_and_unreliable(tmp_path):
     assert "Measured at serving load" in text and "| 4 | n=3 |" in text
     assert "one request at a time" not in text
     assert (draft / "assets" / "speedup_vs_concurrency.png").read_bytes().startswith(PNG_MAGIC)
-    assert "Best n per concurrency (reliable speedups only): 1: n=3 (1.60x); 4: n=3 (1.25x)" in text
+    assert "- concurrency 1: Only n=3 (1.60x) was measured reliably" in text  # n=7's impossible 8x never counts
+    assert "- concurrency 4: No n is reliably better: n=3 (1.25x) leads n=7 (0.80x), but with 1 timed" in text
     assert "The drafter stops paying from concurrency" not in text
 
 
@@ -502,3 +503,32 @@ def test_the_sglang_command_serves_the_calibration_sidecar_at_its_gamma(tmp_path
     text = write_card(draft, [res], repo_id="org/d").readme.read_text()
     assert "confidence-sts-path" not in text.split("## Use with SGLang")[1].split("```")[1]
     assert f"fitted for γ = {n + 1} and SGLang refuses it at γ = {n}" in text
+
+
+def _repeated(draft: Path, tmp_path: Path, walls: dict[int, list[float]]):
+    """Results with three timed repeats: baseline 4 s each; ``walls[n]`` the three walls with the drafter."""
+    base = {1: [RunStats(outputs=OUT_A, wall_s=4.0)] * 3}
+    per_pos = {3: [5, 3, 2], 7: [3, 3, 2, 2, 1, 1, 0]}
+    by = {(n, 1): [spec(OUT_A, w, 5 if n == 3 else 3, per_pos[n]) for w in ws] for n, ws in walls.items()}
+    res = build_results(engine=EngineInfo("vllm", "vllm 0.32.0", "NVIDIA H200"), method="dspark",
+                        target=ModelRef("Qwen/Qwen3-8B", None),
+                        drafter=ModelRef(str(draft), checkpoint_fingerprint(draft)),
+                        settings=Settings(0.0, 7, 13, [3, 7], repeats=3, spread_limit=0.5),
+                        runs=[("gsm-mini", "/data/gsm-mini.jsonl", base, by)], date="2026-11-30T21:04:05+00:00")
+    return res.save(tmp_path / "r.json")
+
+
+@pytest.mark.parametrize("walls, kind, says", [
+    ({3: [2.0, 2.0, 2.0], 7: [2.5, 2.5, 2.5]}, "best", "Best n: n=3 (2.00x), ahead of n=7 (1.60x) by more than"),
+    ({3: [1.9, 2.0, 2.5], 7: [2.1, 2.1, 2.1]}, "tie", "No n is reliably better: n=3 (2.00x) leads n=7 (1.90x) by less"),
+    ({3: [5.0, 5.0, 5.0], 7: [6.0, 6.0, 6.0]}, "no_gain", "Speculation does not pay at this load"),
+])
+def test_best_n_only_where_the_margin_beats_the_spread_and_speculation_pays(tmp_path, walls, kind, says):
+    from dsparkhub.card.tables import recommendation
+
+    draft = make_drafter(tmp_path / "d")
+    path = _repeated(draft, tmp_path, walls)
+    assert recommendation(read_results(path))["kind"] == kind
+    text = write_card(draft, [path], repo_id="org/d").readme.read_text()
+    assert says in text
+    assert ("Best n" in text) == (kind == "best")

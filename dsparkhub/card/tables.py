@@ -55,7 +55,59 @@ def serve_commands(res: VerifyResults, *, target: str, model: str) -> dict[str, 
               "llm = LLM(\n" + "\n".join(py) + "\n)\n"
               f"params = SamplingParams(temperature={s.temperature!r}, max_tokens={s.max_new_tokens})\n"
               'outputs = llm.generate(["..."], params)')
-    return {"n": n, "cli": " \\\n  ".join(cli), "python": python, "backend": res.engine.backend}
+    return {"n": n, "cli": " \\\n  ".join(cli), "python": python, "backend": res.engine.backend,
+            "advice": recommendation(res)}
+
+
+def recommendation(res: VerifyResults, concurrency: int | None = None) -> dict[str, Any]:
+    """Whether one n is reliably the fastest at ``concurrency`` (None: the lowest measured), from the reliable mean
+    speedups and the spread of their timed repeats.
+
+    The fastest n is recommended only when it pays (mean speedup above 1) and its relative margin over the
+    runner-up, ``(best - second) / second``, exceeds the spread of the repeats behind either mean (the largest
+    ``speedup_spread``, (max - min) / median of the per-repeat speedups, over the datasets' runs of both n). With
+    one timed repeat the spread is not measured, so no n is called better.
+
+    Returns:
+        ``{"kind", "text", "best": SummaryRow | None, "second": SummaryRow | None, "spread": float | None}``;
+        ``kind`` is ``"best"`` (recommend ``best``), ``"tie"`` (no n reliably better), ``"no_gain"`` (every
+        reliable mean speedup at or below 1: speculation does not pay at this load), ``"single"`` (one n measured)
+        or ``"none"`` (no reliable speedup). ``text``: one sentence for the card, numbers from the results only.
+    """
+    if concurrency is None:
+        concurrency = res.settings.concurrency[0] if res.settings.concurrency else 1
+    rows = sorted((r for r in res.summary_at(concurrency) if r.mean_speedup is not None and r.reliable),
+                  key=lambda r: (-r.mean_speedup, r.num_speculative_tokens))
+    out: dict[str, Any] = {"best": rows[0] if rows else None, "second": rows[1] if len(rows) > 1 else None,
+                           "spread": None}
+    if not rows:
+        return {**out, "kind": "none", "text": "No speedup here is reliable, so no n is recommended."}
+    best, sx = rows[0], (lambda r: f"n={r.num_speculative_tokens} ({fmt(r.mean_speedup, suffix='x')})")
+    if best.mean_speedup <= 1.0:
+        return {**out, "kind": "no_gain",
+                "text": f"Speculation does not pay at this load: every mean speedup is at or below 1x (the highest "
+                        f"is {sx(best)})."}
+    if len(rows) == 1:
+        return {**out, "kind": "single", "text": f"Only {sx(best)} was measured reliably; no other n to compare."}
+    second = rows[1]
+    chosen = {best.num_speculative_tokens, second.num_speculative_tokens}
+    spreads = [r.speedup_spread for ds in res.datasets for r in ds.runs
+               if r.concurrency == concurrency and r.num_speculative_tokens in chosen]
+    spread = None if not spreads or None in spreads else max(spreads)
+    out["spread"] = spread
+    margin = (best.mean_speedup - second.mean_speedup) / second.mean_speedup
+    if spread is None:
+        return {**out, "kind": "tie",
+                "text": f"No n is reliably better: {sx(best)} leads {sx(second)}, but with "
+                        f"{res.settings.repeats} timed repeat(s) the spread of the speedups is not measured "
+                        "(`dsparkhub verify --repeats 3` measures it)."}
+    if margin > spread:
+        return {**out, "kind": "best",
+                "text": f"Best n: {sx(best)}, ahead of {sx(second)} by more than the spread of the timed repeats "
+                        f"(at most {fmt(spread)} of their median)."}
+    return {**out, "kind": "tie",
+            "text": f"No n is reliably better: {sx(best)} leads {sx(second)} by less than the spread of the timed "
+                    f"repeats (up to {fmt(spread)} of their median)."}
 
 
 def is_reference(res: VerifyResults) -> bool:
@@ -144,8 +196,8 @@ def _load_context(res: VerifyResults) -> dict[str, Any] | None:
         return None
     head, rows = load_table(res)
     return {"head": head, "rows": rows,
-            "best": [{"concurrency": r.concurrency, "n": r.best_n, "speedup": fmt(r.best_speedup, suffix="x")}
-                     for r in res.load],
+            "best": [{"concurrency": r.concurrency, "n": r.best_n, "speedup": fmt(r.best_speedup, suffix="x"),
+                      "text": recommendation(res, r.concurrency)["text"]} for r in res.load],
             "stops_paying_at": res.stops_paying_at}
 
 
