@@ -124,7 +124,7 @@ def test_every_number_in_the_card_comes_from_a_file(tmp_path):
     out = write_card(draft, [r1, r2], repo_id="org/qwen3-8b-dspark", license="apache-2.0")
     text = out.readme.read_text()
     allowed = allowed_numbers([r1, r2, draft / "config.json", draft / "dsparkhub_provenance.json"],
-                              ["org/qwen3-8b-dspark", "apache-2.0"])
+                              ["org/qwen3-8b-dspark", "apache-2.0", "http://localhost:8000/v1"])  # vLLM's port
     found = numbers(text)
     assert len(found) > 150  # tables, settings and metadata really are in the card
     stray = sorted({n for n in found if n not in allowed})
@@ -532,3 +532,20 @@ def test_best_n_only_where_the_margin_beats_the_spread_and_speculation_pays(tmp_
     text = write_card(draft, [path], repo_id="org/d").readme.read_text()
     assert says in text
     assert ("Best n" in text) == (kind == "best")
+
+
+def test_setup_line_install_and_openai_client(tmp_path):
+    from dsparkhub.card.render import serve_command_problems
+
+    draft = make_drafter(tmp_path / "d")
+    gpu = make_gpu_results(draft, tmp_path / "gpu.json")
+    text = write_card(draft, [gpu], repo_id="org/d").readme.read_text()
+    assert ("**Setup:** vLLM offline engine (vllm 0.32.0) on NVIDIA H200 x8; temperature 0.0 (greedy), up to 7 new "
+            "tokens; one request at a time; prompts through the target's chat template, thinking disabled; 1 timed "
+            "repeat(s).") in text
+    assert 'pip install "vllm==0.32.0" openai\nvllm serve Qwen/Qwen3-8B' in text
+    assert 'client = OpenAI(base_url="http://localhost:8000/v1"' in text and 'model="Qwen/Qwen3-8B",' in text
+    assert '"enable_thinking": False' in text and "VLLM_USE_V2_MODEL_RUNNER=0" in text
+    assert serve_command_problems(text) == []
+    ref = write_card(draft, [make_results(draft, tmp_path / "ref.json")], repo_id="org/d").readme.read_text()
+    assert "pip install vllm openai\n" in ref and "dsparkhub CPU reference engine (dsparkhub 0.1.0) on cpu" in ref

@@ -8,6 +8,7 @@ enter ``model-index`` as speedups). Does not read files (``dsparkhub.card.facts`
 from __future__ import annotations
 
 import json
+import re
 from types import MappingProxyType
 from typing import Any
 
@@ -56,7 +57,43 @@ def serve_commands(res: VerifyResults, *, target: str, model: str) -> dict[str, 
               f"params = SamplingParams(temperature={s.temperature!r}, max_tokens={s.max_new_tokens})\n"
               'outputs = llm.generate(["..."], params)')
     return {"n": n, "cli": " \\\n  ".join(cli), "python": python, "backend": res.engine.backend,
-            "advice": recommendation(res)}
+            "advice": recommendation(res), "install": _install(res),
+            "client": _CLIENT.format(target=target, temperature=s.temperature, max_tokens=s.max_new_tokens)}
+
+
+#: the OpenAI-client call against ``vllm serve`` (its default port), sampling and chat template as measured
+_CLIENT = """from openai import OpenAI
+
+client = OpenAI(base_url="http://localhost:8000/v1", api_key="EMPTY")
+response = client.chat.completions.create(
+    model="{target}",  # the server answers under the target's name
+    messages=[{{"role": "user", "content": "..."}}],
+    temperature={temperature!r},
+    max_tokens={max_tokens},
+    extra_body={{"chat_template_kwargs": {{"enable_thinking": False}}}},  # as measured: thinking disabled
+)
+print(response.choices[0].message.content)"""
+
+
+def _install(res: VerifyResults) -> str:
+    """``pip install`` line for the client example: the vLLM version the numbers were measured with (vLLM engines),
+    else the latest vLLM."""
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?)", res.engine.version) if res.engine.backend.startswith("vllm") else None
+    return f'pip install "vllm=={m.group(1)}" openai' if m else "pip install vllm openai"
+
+
+def setup_line(res: VerifyResults) -> str:
+    """One line under a section's results: engine and exact version, hardware, sampling, load and prompts (thinking
+    disabled: dsparkhub applies chat templates with ``enable_thinking=False``, ``dsparkhub.prompts.datasets``)."""
+    s = res.settings
+    engine = ("dsparkhub CPU reference engine" if is_reference(res) else
+              ENGINES[res.engine.backend].label if res.engine.backend in ENGINES else res.engine.backend)
+    load = ("one request at a time" if s.concurrency == [1] else
+            "concurrency " + ", ".join(str(c) for c in s.concurrency))
+    sampling = f"temperature {s.temperature}" + (" (greedy)" if s.temperature == 0 else "")
+    return (f"{engine} ({res.engine.version}) on {res.engine.device}; {sampling}, up to {s.max_new_tokens} new "
+            f"tokens; {load}; prompts through the target's chat template, thinking disabled; "
+            f"{s.repeats} timed repeat(s)")
 
 
 def recommendation(res: VerifyResults, concurrency: int | None = None) -> dict[str, Any]:
@@ -182,7 +219,7 @@ def section(res: VerifyResults, plots: tuple[str, ...], *, target: str) -> dict[
         "plot_acceptance": plots[0], "plot_speedup": plots[1],
         "unreliable": unreliable, "incomplete": res.incomplete,
         "concurrency": s.concurrency, "repeats": s.repeats, "order": s.order,
-        "load": _load_context(res),
+        "load": _load_context(res), "setup": setup_line(res),
         "plot_concurrency": plots[2] if len(plots) > 2 and len(s.concurrency) > 1 else None,
     }
 
