@@ -174,7 +174,7 @@ def test_card_content_reference_only(tmp_path):
     assert "--tensor-parallel-size" not in text  # measured at TP 1: nothing to add
     assert "- **Block size:** 7" in text and "- **Target layer ids (layer index):** [1, 5, 9]" in text
     assert "no `dsparkhub_provenance.json`" in text
-    assert "![per-position acceptance](assets/acceptance_per_position.png)" in text
+    assert "![cumulative acceptance per draft position](assets/acceptance_per_position.png)" in text
     assert [p.name for p in out.plots] == ["acceptance_per_position.png", "speedup_vs_n.png"]
 
 
@@ -549,3 +549,27 @@ def test_setup_line_install_and_openai_client(tmp_path):
     assert serve_command_problems(text) == []
     ref = write_card(draft, [make_results(draft, tmp_path / "ref.json")], repo_id="org/d").readme.read_text()
     assert "pip install vllm openai\n" in ref and "dsparkhub CPU reference engine (dsparkhub 0.1.0) on cpu" in ref
+
+
+def test_plots_show_spread_honest_labels_and_one_legend_entry_per_line(tmp_path, monkeypatch):
+    import dsparkhub.card.plots as plots
+
+    figs = {}
+
+    def keep(fig, path):
+        figs[Path(path).name] = fig.axes[0]
+        return path
+
+    monkeypatch.setattr(plots, "_save_png", keep)
+    draft = make_drafter(tmp_path / "d")
+    res = read_results(_repeated(draft, tmp_path, {3: [1.9, 2.0, 2.5], 7: [2.1, 2.1, 2.1]}))  # one dataset
+    plots.plot_speedup(res, tmp_path / "s.png")
+    ax = figs["s.png"]
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["gsm-mini", "target alone (1x)"]
+    assert len(ax.containers) == 1 and ax.containers[0].has_yerr  # the repeats' range as error bars
+    lo, hi = ax.get_ylim()
+    assert 0.85 < lo < 1.0 and 2.1 < hi < 2.4  # spans the data and 1x, not 0 to 1.2
+    assert plots._speedup_limits([1.02, 1.03]) == pytest.approx((0.95, 1.08))  # flat: not squashed at the top
+    plots.plot_acceptance(res, tmp_path / "a.png")
+    ax = figs["a.png"]
+    assert "first k drafts all accepted" in ax.get_ylabel() and "Cumulative" in ax.get_title()
