@@ -233,7 +233,7 @@ def test_plots_are_png(tmp_path):
     assert not list(draft.glob(".dsparkhub-card-*"))
 
 
-def test_plots_name_drafter_target_and_datasets_and_speedup_starts_at_zero(tmp_path, monkeypatch):
+def test_plots_name_drafter_target_and_datasets_and_speedup_shows_the_1x_line(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
     figures = []
@@ -245,8 +245,9 @@ def test_plots_name_drafter_target_and_datasets_and_speedup_starts_at_zero(tmp_p
     for ax in (acc, speed):
         title = ax.get_title()
         assert "DSpark drafter my-drafter on Qwen/Qwen3-8B" in title and "datasets: gsm-mini, code" in title
-    assert speed.get_ylim()[0] == 0 and speed.get_ylim()[1] > max(
-        y for line in speed.get_lines() for y in line.get_ydata())
+    ys = [y for line in speed.get_lines() for y in line.get_ydata()]
+    # the axis spans the data and the labelled 1x line (target alone), so a 1.1x never looks like a 3x
+    assert speed.get_ylim()[0] < min(ys + [1.0]) and speed.get_ylim()[1] > max(ys)
 
 
 # ---- refusals ---------------------------------------------------------------------------------------------------
