@@ -574,3 +574,14 @@ def test_plots_show_spread_honest_labels_and_one_legend_entry_per_line(tmp_path,
     plots.plot_acceptance(res, tmp_path / "a.png")
     ax = figs["a.png"]
     assert "first k drafts all accepted" in ax.get_ylabel() and "Cumulative" in ax.get_title()
+
+
+def test_training_section_from_what_convert_recorded(tmp_path):
+    prov = {**PROVENANCE, "training": {"step": 1200, "config": {"train.lr": 0.0006, "data.chat_template": "qwen"}}}
+    draft = make_drafter(tmp_path / "d", provenance=prov)
+    text = write_card(draft, [make_results(draft, tmp_path / "r.json")], repo_id="org/d").readme.read_text()
+    training = text.split("## Training\n", 1)[1].split("\n## ", 1)[0]
+    assert "- **Training step:** 1200" in training and '- **`train.lr`:** `0.0006`' in training
+    assert '- **`data.chat_template`:** `"qwen"`' in training
+    draft2 = make_drafter(tmp_path / "d2", provenance=PROVENANCE)  # older provenance: no section
+    assert "## Training" not in write_card(draft2, [make_results(draft2, tmp_path / "r2.json")]).readme.read_text()

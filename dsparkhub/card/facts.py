@@ -336,6 +336,18 @@ def provenance_summary(provenance: dict | None) -> str | None:
     return text + "; the source and written files' hashes are below."
 
 
+def training_facts(provenance: dict | None) -> list[tuple[str, str]]:
+    """The "Training" bullets from the provenance's ``training`` record (``dsparkhub.layouts.deepspec_run
+    .training_facts``, written by convert from the DeepSpec step folder): the step, then each recorded
+    ``train_config.py`` value. Empty when convert recorded none."""
+    t = (provenance or {}).get("training")
+    if not isinstance(t, dict):
+        return []
+    facts = [("Training step", str(t["step"]))] if t.get("step") is not None else []
+    config = t.get("config") if isinstance(t.get("config"), dict) else {}
+    return facts + [(f"`{key}`", f"`{json.dumps(public_text(v))}`") for key, v in config.items()]
+
+
 def validation_fact(draft: str | Path, target: str) -> tuple[str, str] | None:
     """The "Validation" bullet from the folder's ``validation.json`` (:mod:`dsparkhub.validate.record`): its outcome
     against the target it names, with the vLLM engine's view of the target's last layer and no n (the card's

@@ -30,6 +30,7 @@ from dsparkhub.card.facts import (
     load_results_for,
     provenance_facts,
     provenance_summary,
+    training_facts,
     public_provenance,
     validation_fact,
     read_config,
@@ -98,7 +99,7 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
         "sections": [section(r, p, target=target) for r, p in zip(results, plots)],
         "calibration": calibration,
         "provenance": provenance, "provenance_facts": provenance_facts(shown),
-        "provenance_summary": provenance_summary(shown),
+        "provenance_summary": provenance_summary(shown), "training": training_facts(shown),
         "provenance_json": json.dumps(shown, indent=2, sort_keys=True) if provenance else None,
         "dsparkhub_version": __version__,
     }
