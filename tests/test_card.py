@@ -566,6 +566,7 @@ def test_plots_show_spread_honest_labels_and_one_legend_entry_per_line(tmp_path,
     res = read_results(_repeated(draft, tmp_path, {3: [1.9, 2.0, 2.5], 7: [2.1, 2.1, 2.1]}))  # one dataset
     plots.plot_speedup(res, tmp_path / "s.png")
     ax = figs["s.png"]
+    # n=3's repeats spread by 25% (limit 50%): reliable, no hollow marker; one dataset: no separate mean line
     assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["gsm-mini", "target alone (1x)"]
     assert len(ax.containers) == 1 and ax.containers[0].has_yerr  # the repeats' range as error bars
     lo, hi = ax.get_ylim()
@@ -574,6 +575,10 @@ def test_plots_show_spread_honest_labels_and_one_legend_entry_per_line(tmp_path,
     plots.plot_acceptance(res, tmp_path / "a.png")
     ax = figs["a.png"]
     assert "first k drafts all accepted" in ax.get_ylabel() and "Cumulative" in ax.get_title()
+    tight = read_results(_repeated(draft, tmp_path, {3: [1.9, 2.0, 2.5], 7: [2.1, 2.1, 2.1]}))
+    tight.datasets[0].runs[0].unreliable = ["spread"]  # as verify marks a wide spread: hollow, in the legend
+    plots.plot_speedup(tight, tmp_path / "t.png")
+    assert "hollow: unreliable timing" in [t.get_text() for t in figs["t.png"].get_legend().get_texts()]
 
 
 def test_training_section_from_what_convert_recorded(tmp_path):

@@ -29,11 +29,10 @@ def plot_acceptance(res: VerifyResults, path: Path, *, target: str | None = None
             xs = list(range(1, len(row.mean_per_position_acceptance) + 1))
             ax.plot(xs, row.mean_per_position_acceptance, marker="o", label=f"n={row.num_speculative_tokens}")
     ax.set_xticks(range(1, max(res.settings.num_speculative_tokens) + 1))
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("share of steps with the first k drafts all accepted")
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("share of steps with the first k drafts all accepted\n(mean over datasets)")
     ax.set_ylim(-0.03, 1.05)
-    ax.set_title(_plot_title("Cumulative acceptance per draft position (mean over datasets)", res, target),
-                 fontsize=10)
+    ax.set_title(_plot_title("Cumulative acceptance", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     return _save_png(fig, path)
@@ -42,7 +41,7 @@ def plot_acceptance(res: VerifyResults, path: Path, *, target: str | None = None
 def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
     """PNG: speedup vs num_speculative_tokens at the lowest concurrency, one line per dataset (error bars: the
     lowest and highest of the timed repeats' speedups, when repeated) plus the unweighted mean when there are several
-    datasets. The y axis spans the data and 1x with a margin (:func:`_speedup_limits`), not a fixed 0-based range
+    datasets; unreliable timings hollow (the legend says so). The y axis spans the data and 1x with a margin (:func:`_speedup_limits`), not a fixed 0-based range
     that flattens small differences into a line."""
     import matplotlib
 
@@ -51,7 +50,7 @@ def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -
 
     fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
     low = res.settings.concurrency[0]
-    values = []
+    values, any_bad = [], False
     for ds in res.datasets:
         runs = [r for r in ds.runs if r.speedup is not None and r.concurrency == low]
         if not runs:
@@ -59,12 +58,20 @@ def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -
         ys = [r.speedup for r in runs]
         err = [[y - min(r.speedup_repeats or [y]) for y, r in zip(ys, runs)],
                [max(r.speedup_repeats or [y]) - y for y, r in zip(ys, runs)]]
-        ax.errorbar([r.num_speculative_tokens for r in runs], ys, yerr=err if any(map(any, err)) else None,
-                    marker="o", capsize=4, label=ds.name)
+        bar = ax.errorbar([r.num_speculative_tokens for r in runs], ys, yerr=err if any(map(any, err)) else None,
+                          marker="o", capsize=4, label=ds.name)
+        bad = [r for r in runs if not r.reliable]
+        if bad:
+            any_bad = True
+            ax.plot([r.num_speculative_tokens for r in bad], [r.speedup for r in bad], marker="o",
+                    linestyle="none", markerfacecolor="white", color=bar.lines[0].get_color(), zorder=3)
         values += ys + [v for r in runs for v in r.speedup_repeats]
     mean = [(r.num_speculative_tokens, r.mean_speedup) for r in res.summary_at() if r.mean_speedup is not None]
     if mean and len(res.datasets) > 1:  # with one dataset the mean is that dataset's line
         ax.plot(*zip(*mean), marker="s", color="black", linestyle="--", label="mean over datasets")
+    if any_bad:  # a legend entry for the hollow markers, drawn nowhere
+        ax.plot([], [], marker="o", linestyle="none", markerfacecolor="white", color="grey",
+                label="hollow: unreliable timing")
     ax.axhline(1.0, color="grey", linewidth=0.8, label="target alone (1x)")
     ax.set_xticks(res.settings.num_speculative_tokens)
     ax.set_xlabel("num_speculative_tokens")
