@@ -124,7 +124,7 @@ def test_every_number_in_the_card_comes_from_a_file(tmp_path):
     out = write_card(draft, [r1, r2], repo_id="org/qwen3-8b-dspark", license="apache-2.0")
     text = out.readme.read_text()
     allowed = allowed_numbers([r1, r2, draft / "config.json", draft / "dsparkhub_provenance.json"],
-                              ["org/qwen3-8b-dspark", "apache-2.0"])
+                              ["org/qwen3-8b-dspark", "apache-2.0", "http://localhost:8000/v1"])  # vLLM's port
     found = numbers(text)
     assert len(found) > 150  # tables, settings and metadata really are in the card
     stray = sorted({n for n in found if n not in allowed})
@@ -174,7 +174,7 @@ def test_card_content_reference_only(tmp_path):
     assert "--tensor-parallel-size" not in text  # measured at TP 1: nothing to add
     assert "- **Block size:** 7" in text and "- **Target layer ids (layer index):** [1, 5, 9]" in text
     assert "no `dsparkhub_provenance.json`" in text
-    assert "![per-position acceptance](assets/acceptance_per_position.png)" in text
+    assert "![cumulative acceptance per draft position](assets/acceptance_per_position.png)" in text
     assert [p.name for p in out.plots] == ["acceptance_per_position.png", "speedup_vs_n.png"]
 
 
@@ -197,7 +197,7 @@ def test_card_with_gpu_results_and_provenance(tmp_path):
             f"\"num_speculative_tokens\": {best}}}'") in text  # no --repo-id: a placeholder push refuses
     assert "    tensor_parallel_size=8,\n    max_model_len=20000," in text
     assert "compilation_config={'pass_config': {'fuse_allreduce_rms': False}}," in text
-    assert "had the highest mean speedup in the `vllm` measurements" in text
+    assert "In the `vllm` measurements below: No n is reliably better" in text  # one timed repeat: no spread
     assert "### CPU reference engine" in text and "### vLLM offline engine (vllm 0.32.0, NVIDIA H200 x8)" in text
     assert "on NVIDIA H200 x8" in text
     assert "- **Source checkpoint:** `step_1200` (deepspec layout)" in text  # an old file's path, by its name
@@ -233,7 +233,7 @@ def test_plots_are_png(tmp_path):
     assert not list(draft.glob(".dsparkhub-card-*"))
 
 
-def test_plots_name_drafter_target_and_datasets_and_speedup_starts_at_zero(tmp_path, monkeypatch):
+def test_plots_name_drafter_target_and_datasets_and_speedup_shows_the_1x_line(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
     figures = []
@@ -245,8 +245,9 @@ def test_plots_name_drafter_target_and_datasets_and_speedup_starts_at_zero(tmp_p
     for ax in (acc, speed):
         title = ax.get_title()
         assert "DSpark drafter my-drafter on Qwen/Qwen3-8B" in title and "datasets: gsm-mini, code" in title
-    assert speed.get_ylim()[0] == 0 and speed.get_ylim()[1] > max(
-        y for line in speed.get_lines() for y in line.get_ydata())
+    ys = [y for line in speed.get_lines() for y in line.get_ydata()]
+    # the axis spans the data and the labelled 1x line (target alone), so a 1.1x never looks like a 3x
+    assert speed.get_ylim()[0] < min(ys + [1.0]) and speed.get_ylim()[1] > max(ys)
 
 
 # ---- refusals ---------------------------------------------------------------------------------------------------
@@ -455,7 +456,8 @@ def test_card_concurrency_table_plot_and_unreliable(tmp_path):
     assert "Measured at serving load" in text and "| 4 | n=3 |" in text
     assert "one request at a time" not in text
     assert (draft / "assets" / "speedup_vs_concurrency.png").read_bytes().startswith(PNG_MAGIC)
-    assert "Best n per concurrency (reliable speedups only): 1: n=3 (1.60x); 4: n=3 (1.25x)" in text
+    assert "- concurrency 1: Only n=3 (1.60x) was measured reliably" in text  # n=7's impossible 8x never counts
+    assert "- concurrency 4: No n is reliably better: n=3 (1.25x) leads n=7 (0.80x), but with 1 timed" in text
     assert "The drafter stops paying from concurrency" not in text
 
 
@@ -470,3 +472,121 @@ def test_card_license_comes_from_the_target_manifest_unless_given(tmp_path):
     assert meta["license"] == "mit" and "license_name" not in meta
     assert front_matter(write_card(draft, [r]).readme.read_text())["license"] == "apache-2.0"  # Qwen3-8B manifest
     assert front_matter(write_card(draft, [r], base_model="org/unknown").readme.read_text())["license"] == "apache-2.0"
+
+
+def _outside_details(text: str) -> str:
+    """The card's text without its folded ``<details>`` blocks."""
+    return re.sub(r"<details>.*?</details>", "", text, flags=re.S)
+
+
+def test_hashes_are_folded_away_except_the_drafter_fingerprint(tmp_path):
+    draft = make_drafter(tmp_path / "d", provenance=PROVENANCE)
+    out = write_card(draft, [make_results(draft, tmp_path / "ref.json")], repo_id="org/qwen3-8b-dspark")
+    text = out.readme.read_text()
+    assert "<details><summary>Provenance and hashes</summary>" in text
+    visible = _outside_details(text)
+    # the one hash left in view is the fingerprint line `push` checks the weights against (hub/trust.py)
+    assert re.findall(r"[0-9a-f]{40,}", visible) == [checkpoint_fingerprint(draft)]
+    assert "c0ffee" * 10 in text and "c0ffee" * 10 not in visible
+    assert "Converted from `step_1200` (deepspec layout) to the vllm layout with dsparkhub 0.1.0 on 2026-11-30" \
+        in visible
+
+
+def test_the_sglang_command_serves_the_calibration_sidecar_at_its_gamma(tmp_path):
+    draft = make_drafter(tmp_path / "d")
+    res = make_results(draft, tmp_path / "ref.json")
+    n, _ = read_results(res).best_n()
+    (draft / "dspark_sts.json").write_text(json.dumps({"temperatures": [1.1] * n}))  # SGLang's own fitter's file
+    text = write_card(draft, [res], repo_id="org/d").readme.read_text()
+    assert (f'--speculative-dspark-block-size {n} \\\n  --speculative-dspark-confidence-sts-path '
+            f'"$(hf download org/d dspark_sts.json)"') in text
+    (draft / "dspark_sts.json").write_text(json.dumps({"temperatures": [1.1] * (n + 1)}))
+    text = write_card(draft, [res], repo_id="org/d").readme.read_text()
+    assert "confidence-sts-path" not in text.split("## Use with SGLang")[1].split("```")[1]
+    assert f"fitted for γ = {n + 1} and SGLang refuses it at γ = {n}" in text
+
+
+def _repeated(draft: Path, tmp_path: Path, walls: dict[int, list[float]]):
+    """Results with three timed repeats: baseline 4 s each; ``walls[n]`` the three walls with the drafter."""
+    base = {1: [RunStats(outputs=OUT_A, wall_s=4.0)] * 3}
+    per_pos = {3: [5, 3, 2], 7: [3, 3, 2, 2, 1, 1, 0]}
+    by = {(n, 1): [spec(OUT_A, w, 5 if n == 3 else 3, per_pos[n]) for w in ws] for n, ws in walls.items()}
+    res = build_results(engine=EngineInfo("vllm", "vllm 0.32.0", "NVIDIA H200"), method="dspark",
+                        target=ModelRef("Qwen/Qwen3-8B", None),
+                        drafter=ModelRef(str(draft), checkpoint_fingerprint(draft)),
+                        settings=Settings(0.0, 7, 13, [3, 7], repeats=3, spread_limit=0.5),
+                        runs=[("gsm-mini", "/data/gsm-mini.jsonl", base, by)], date="2026-11-30T21:04:05+00:00")
+    return res.save(tmp_path / "r.json")
+
+
+@pytest.mark.parametrize("walls, kind, says", [
+    ({3: [2.0, 2.0, 2.0], 7: [2.5, 2.5, 2.5]}, "best", "Best n: n=3 (2.00x), ahead of n=7 (1.60x) by more than"),
+    ({3: [1.9, 2.0, 2.5], 7: [2.1, 2.1, 2.1]}, "tie", "No n is reliably better: n=3 (2.00x) leads n=7 (1.90x) by less"),
+    ({3: [5.0, 5.0, 5.0], 7: [6.0, 6.0, 6.0]}, "no_gain", "Speculation does not pay at this load"),
+])
+def test_best_n_only_where_the_margin_beats_the_spread_and_speculation_pays(tmp_path, walls, kind, says):
+    from dsparkhub.card.tables import recommendation
+
+    draft = make_drafter(tmp_path / "d")
+    path = _repeated(draft, tmp_path, walls)
+    assert recommendation(read_results(path))["kind"] == kind
+    text = write_card(draft, [path], repo_id="org/d").readme.read_text()
+    assert says in text
+    assert ("Best n" in text) == (kind == "best")
+
+
+def test_setup_line_install_and_openai_client(tmp_path):
+    from dsparkhub.card.render import serve_command_problems
+
+    draft = make_drafter(tmp_path / "d")
+    gpu = make_gpu_results(draft, tmp_path / "gpu.json")
+    text = write_card(draft, [gpu], repo_id="org/d").readme.read_text()
+    assert ("**Setup:** vLLM offline engine (vllm 0.32.0) on NVIDIA H200 x8; temperature 0.0 (greedy), up to 7 new "
+            "tokens; one request at a time; prompts through the target's chat template, thinking disabled; 1 timed "
+            "repeat(s).") in text
+    assert 'pip install "vllm==0.32.0" openai\nvllm serve Qwen/Qwen3-8B' in text
+    assert 'client = OpenAI(base_url="http://localhost:8000/v1"' in text and 'model="Qwen/Qwen3-8B",' in text
+    assert '"enable_thinking": False' in text and "VLLM_USE_V2_MODEL_RUNNER=0" in text
+    assert serve_command_problems(text) == []
+    ref = write_card(draft, [make_results(draft, tmp_path / "ref.json")], repo_id="org/d").readme.read_text()
+    assert "pip install vllm openai\n" in ref and "dsparkhub CPU reference engine (dsparkhub 0.1.0) on cpu" in ref
+
+
+def test_plots_show_spread_honest_labels_and_one_legend_entry_per_line(tmp_path, monkeypatch):
+    import dsparkhub.card.plots as plots
+
+    figs = {}
+
+    def keep(fig, path):
+        figs[Path(path).name] = fig.axes[0]
+        return path
+
+    monkeypatch.setattr(plots, "_save_png", keep)
+    draft = make_drafter(tmp_path / "d")
+    res = read_results(_repeated(draft, tmp_path, {3: [1.9, 2.0, 2.5], 7: [2.1, 2.1, 2.1]}))  # one dataset
+    plots.plot_speedup(res, tmp_path / "s.png")
+    ax = figs["s.png"]
+    # n=3's repeats spread by 25% (limit 50%): reliable, no hollow marker; one dataset: no separate mean line
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["gsm-mini", "target alone (1x)"]
+    assert len(ax.containers) == 1 and ax.containers[0].has_yerr  # the repeats' range as error bars
+    lo, hi = ax.get_ylim()
+    assert 0.85 < lo < 1.0 and 2.1 < hi < 2.4  # spans the data and 1x, not 0 to 1.2
+    assert plots._speedup_limits([1.02, 1.03]) == pytest.approx((0.95, 1.08))  # flat: not squashed at the top
+    plots.plot_acceptance(res, tmp_path / "a.png")
+    ax = figs["a.png"]
+    assert "first k drafts all accepted" in ax.get_ylabel() and "Cumulative" in ax.get_title()
+    tight = read_results(_repeated(draft, tmp_path, {3: [1.9, 2.0, 2.5], 7: [2.1, 2.1, 2.1]}))
+    tight.datasets[0].runs[0].unreliable = ["spread"]  # as verify marks a wide spread: hollow, in the legend
+    plots.plot_speedup(tight, tmp_path / "t.png")
+    assert "hollow: unreliable timing" in [t.get_text() for t in figs["t.png"].get_legend().get_texts()]
+
+
+def test_training_section_from_what_convert_recorded(tmp_path):
+    prov = {**PROVENANCE, "training": {"step": 1200, "config": {"train.lr": 0.0006, "data.chat_template": "qwen"}}}
+    draft = make_drafter(tmp_path / "d", provenance=prov)
+    text = write_card(draft, [make_results(draft, tmp_path / "r.json")], repo_id="org/d").readme.read_text()
+    training = text.split("## Training\n", 1)[1].split("\n## ", 1)[0]
+    assert "- **Training step:** 1200" in training and '- **`train.lr`:** `0.0006`' in training
+    assert '- **`data.chat_template`:** `"qwen"`' in training
+    draft2 = make_drafter(tmp_path / "d2", provenance=PROVENANCE)  # older provenance: no section
+    assert "## Training" not in write_card(draft2, [make_results(draft2, tmp_path / "r2.json")]).readme.read_text()

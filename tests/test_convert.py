@@ -228,3 +228,19 @@ def test_convert_reports_progress_of_its_phases(tmp_path, run, target):
     assert writes and writes[-1] == ("write", result.plan.out_bytes, result.plan.out_bytes)
     assert [d for _, d, _ in writes] == sorted(d for _, d, _ in writes)  # never backwards
     assert seen[-2:] == [("hash", 0, 1), ("hash", 1, 1)]
+
+
+def test_provenance_records_the_step_and_literal_train_config_values_never_running_it(tmp_path, run, target):
+    step = Path(open_draft(run).checkpoint.path)
+    (step / "train_config.py").write_text(
+        'import os\nfrom deepspec.trainer import Qwen3DSparkTrainer\nexp_name = "dspark_tiny"\n'
+        'os.system("touch ran")\n'
+        'train = dict(trainer_cls=Qwen3DSparkTrainer, lr=6.0e-4, max_train_steps=2, precision="bf16")\n'
+        'data = dict(target_cache_path=None, chat_template="qwen", max_length=64)\n')
+    convert(run, tmp_path / "out", target, base_model="org/qwen3-tiny")
+    prov = json.loads((tmp_path / "out" / PROVENANCE_FILE).read_text())
+    assert prov["training"] == {"step": int(step.name[5:]) if step.name[5:].isdigit() else None,
+                                "config": {"exp_name": "dspark_tiny", "train.lr": 6.0e-4, "train.max_train_steps": 2,
+                                           "train.precision": "bf16", "data.chat_template": "qwen",
+                                           "data.max_length": 64}}
+    assert not Path("ran").exists() and not (step / "ran").exists()  # parsed, not executed

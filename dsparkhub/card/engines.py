@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from dsparkhub.errors import CardError
+from dsparkhub.validate.sidecar import STS_FILE
 
 
 __all__ = ["engine_checks", "sglang_launch"]
 
 
 def sglang_launch(method: str, n: int, *, target: str, model: str, tensor_parallel_size: int = 1,
-                  max_model_len: int | None = None) -> dict[str, Any] | None:
+                  max_model_len: int | None = None, sts_positions: int | None = None) -> dict[str, Any] | None:
     """SGLang 0.5.23's ``launch_server`` command for serving ``model`` with ``target`` at vLLM's n.
 
     Args:
@@ -35,6 +36,11 @@ def sglang_launch(method: str, n: int, *, target: str, model: str, tensor_parall
         n: vLLM's ``num_speculative_tokens`` the card recommends.
         target, model: target and drafter (paths or Hub ids).
         tensor_parallel_size: ``--tp-size``. max_model_len: ``--context-length`` (None: not passed).
+        sts_positions: how many temperatures the drafter's ``dspark_sts.json`` holds (None: no sidecar). DSpark
+            only: when it equals γ = ``n`` the command passes the sidecar with
+            ``--speculative-dspark-confidence-sts-path``, a local file for SGLang (``load_sts_calibration_from_path``),
+            fetched with ``hf download``; SGLang refuses a table fitted for another γ (sglang 0.5.23
+            ``speculative/dspark_components/dspark_planner.py:106-113``), so then the note says so instead.
 
     Returns:
         ``{"cli": str, "algorithm": "DSPARK" | "DFLASH", "block_size_flag": str, "block_size": int,
@@ -52,6 +58,14 @@ def sglang_launch(method: str, n: int, *, target: str, model: str, tensor_parall
         return None
     cli = [f"python -m sglang.launch_server --model-path {target}", f"--speculative-algorithm {algorithm}",
            f"--speculative-draft-model-path {model}", f"{flag} {block}"]
+    if method == "dspark" and sts_positions is not None:
+        if sts_positions == n:
+            cli.append(f'--speculative-dspark-confidence-sts-path "$(hf download {model} {STS_FILE})"')
+            note += (f" `{STS_FILE}` (the confidence head's calibration, see below) is a local file for SGLang: "
+                     "`hf download` fetches it and prints its path.")
+        else:
+            note += (f" `{STS_FILE}` was fitted for γ = {sts_positions} and SGLang refuses it at γ = {n}, so the "
+                     f"command leaves it out; serve with `{flag} {sts_positions}` to use it.")
     if tensor_parallel_size != 1:
         cli.append(f"--tp-size {tensor_parallel_size}")
     if max_model_len is not None:

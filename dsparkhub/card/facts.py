@@ -317,6 +317,37 @@ def provenance_facts(provenance: dict | None) -> list[tuple[str, str]]:
     return facts
 
 
+def provenance_summary(provenance: dict | None) -> str | None:
+    """One sentence on where the weights come from (source checkpoint and layout, the dsparkhub version and date of
+    the conversion), shown above the folded hashes; pass it through :func:`public_provenance` first. None without
+    provenance."""
+    if not provenance:
+        return None
+    src = provenance.get("source")
+    name = (src.get("name") or src.get("path")) if isinstance(src, dict) else src if isinstance(src, str) else None
+    layout = src.get("layout") if isinstance(src, dict) else None
+    version = provenance.get("version") or provenance.get("dsparkhub_version")
+    text = "Converted" + (f" from `{public_text(name)}`" if name else "") + (f" ({layout} layout)" if layout else "")
+    if provenance.get("layout"):
+        text += f" to the {provenance['layout']} layout"
+    if version:
+        text += f" with dsparkhub {version}" + (f" on {str(provenance['created'])[:10]}"
+                                                if provenance.get("created") else "")
+    return text + "; the source and written files' hashes are below."
+
+
+def training_facts(provenance: dict | None) -> list[tuple[str, str]]:
+    """The "Training" bullets from the provenance's ``training`` record (``dsparkhub.layouts.deepspec_run
+    .training_facts``, written by convert from the DeepSpec step folder): the step, then each recorded
+    ``train_config.py`` value. Empty when convert recorded none."""
+    t = (provenance or {}).get("training")
+    if not isinstance(t, dict):
+        return []
+    facts = [("Training step", str(t["step"]))] if t.get("step") is not None else []
+    config = t.get("config") if isinstance(t.get("config"), dict) else {}
+    return facts + [(f"`{key}`", f"`{json.dumps(public_text(v))}`") for key, v in config.items()]
+
+
 def validation_fact(draft: str | Path, target: str) -> tuple[str, str] | None:
     """The "Validation" bullet from the folder's ``validation.json`` (:mod:`dsparkhub.validate.record`): its outcome
     against the target it names, with the vLLM engine's view of the target's last layer and no n (the card's

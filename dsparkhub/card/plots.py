@@ -15,7 +15,9 @@ ASSETS_DIR = "assets"
 
 
 def plot_acceptance(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
-    """PNG: mean per-position acceptance (unweighted over datasets) vs draft position, one line per n."""
+    """PNG: mean cumulative per-position acceptance (unweighted over datasets) vs draft position k, one line per n:
+    the share of verify steps whose first k draft tokens were all accepted (``per_position_acceptance``), hence
+    falling with k."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,43 +29,68 @@ def plot_acceptance(res: VerifyResults, path: Path, *, target: str | None = None
             xs = list(range(1, len(row.mean_per_position_acceptance) + 1))
             ax.plot(xs, row.mean_per_position_acceptance, marker="o", label=f"n={row.num_speculative_tokens}")
     ax.set_xticks(range(1, max(res.settings.num_speculative_tokens) + 1))
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate (mean over datasets)")
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("share of steps with the first k drafts all accepted\n(mean over datasets)")
     ax.set_ylim(-0.03, 1.05)
-    ax.set_title(_plot_title("Per-position acceptance", res, target), fontsize=10)
+    ax.set_title(_plot_title("Cumulative acceptance", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     return _save_png(fig, path)
 
 
 def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
-    """PNG: speedup vs num_speculative_tokens, one line per dataset plus the unweighted mean."""
+    """PNG: speedup vs num_speculative_tokens at the lowest concurrency, one line per dataset (error bars: the
+    lowest and highest of the timed repeats' speedups, when repeated) plus the unweighted mean when there are several
+    datasets; unreliable timings hollow (the legend says so). The y axis spans the data and 1x with a margin (:func:`_speedup_limits`), not a fixed 0-based range
+    that flattens small differences into a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
-    top = 1.0
     low = res.settings.concurrency[0]
+    values, any_bad = [], False
     for ds in res.datasets:
-        pts = [(r.num_speculative_tokens, r.speedup) for r in ds.runs
-               if r.speedup is not None and r.concurrency == low]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=ds.name)
-            top = max([top] + [p[1] for p in pts])
+        runs = [r for r in ds.runs if r.speedup is not None and r.concurrency == low]
+        if not runs:
+            continue
+        ys = [r.speedup for r in runs]
+        err = [[y - min(r.speedup_repeats or [y]) for y, r in zip(ys, runs)],
+               [max(r.speedup_repeats or [y]) - y for y, r in zip(ys, runs)]]
+        bar = ax.errorbar([r.num_speculative_tokens for r in runs], ys, yerr=err if any(map(any, err)) else None,
+                          marker="o", capsize=4, label=ds.name)
+        bad = [r for r in runs if not r.reliable]
+        if bad:
+            any_bad = True
+            ax.plot([r.num_speculative_tokens for r in bad], [r.speedup for r in bad], marker="o",
+                    linestyle="none", markerfacecolor="white", color=bar.lines[0].get_color(), zorder=3)
+        values += ys + [v for r in runs for v in r.speedup_repeats]
     mean = [(r.num_speculative_tokens, r.mean_speedup) for r in res.summary_at() if r.mean_speedup is not None]
-    if mean:
-        ax.plot(*zip(*mean), marker="s", color="black", linestyle="--", label="mean")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
+    if mean and len(res.datasets) > 1:  # with one dataset the mean is that dataset's line
+        ax.plot(*zip(*mean), marker="s", color="black", linestyle="--", label="mean over datasets")
+    if any_bad:  # a legend entry for the hollow markers, drawn nowhere
+        ax.plot([], [], marker="o", linestyle="none", markerfacecolor="white", color="grey",
+                label="hollow: unreliable timing")
+    ax.axhline(1.0, color="grey", linewidth=0.8, label="target alone (1x)")
     ax.set_xticks(res.settings.num_speculative_tokens)
     ax.set_xlabel("num_speculative_tokens")
     ax.set_ylabel("speedup vs target alone" + (" (CPU reference engine)" if is_reference(res) else ""))
-    ax.set_ylim(0, top * 1.1)  # from 0: a truncated axis makes a 1.1x look like a 3x
-    ax.set_title(_plot_title("Speedup", res, target), fontsize=10)
+    ax.set_ylim(*_speedup_limits(values))
+    repeats = res.settings.repeats
+    ax.set_title(_plot_title("Speedup" + (f" (bars: range of {repeats} timed repeats)" if repeats > 1 else ""),
+                             res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save_png(fig, path)
+
+
+def _speedup_limits(values: list[float]) -> tuple[float, float]:
+    """y-axis limits for speedups: the data and the 1x line, with a tenth of the span (at least 0.05x) as margin,
+    never below 0."""
+    lo, hi = min(values + [1.0]), max(values + [1.0])
+    pad = max(0.05, 0.1 * (hi - lo))
+    return max(0.0, lo - pad), hi + pad
 
 
 #: plot size in inches and resolution: 1350 x 825 pixels, legible on a Hub model page
@@ -80,7 +107,8 @@ def _plot_title(what: str, res: VerifyResults, target: str | None = None) -> str
 
 def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | None = None,
                                 others: list[VerifyResults] = (), *, target: str | None = None) -> Path:
-    """PNG: mean speedup (unweighted over datasets) vs concurrency, one line per n; unreliable points hollow.
+    """PNG: mean speedup (unweighted over datasets) vs concurrency, one line per n; unreliable points hollow (the
+    legend says so when there are any).
 
     ``others`` (further drafters' results) add one line each at their own best n per concurrency."""
     import matplotlib
@@ -89,6 +117,7 @@ def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | Non
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
+    any_bad = False
     for n in res.settings.num_speculative_tokens:
         rows = [r for r in res.summary if r.num_speculative_tokens == n and r.mean_speedup is not None]
         if not rows:
@@ -97,19 +126,24 @@ def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | Non
                         label=f"{label + ' ' if label else ''}n={n}")
         bad = [r for r in rows if not r.reliable]
         if bad:
+            any_bad = True
             ax.plot([r.concurrency for r in bad], [r.mean_speedup for r in bad], marker="o", linestyle="none",
                     markerfacecolor="white", color=line.get_color())
     for other in others:
         pts = [(row.concurrency, row.best_speedup) for row in other.load if row.best_speedup is not None]
         if pts:
             ax.plot(*zip(*pts), marker="s", linestyle="--", label=f"{other.drafter.id} (best n)")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
+    if any_bad:  # a legend entry for the hollow markers, drawn nowhere
+        ax.plot([], [], marker="o", linestyle="none", markerfacecolor="white", color="grey",
+                label="hollow: unreliable timing")
+    ax.axhline(1.0, color="grey", linewidth=0.8, label="target alone (1x)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(res.settings.concurrency, [str(c) for c in res.settings.concurrency])
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("speedup vs target alone, same concurrency")
-    tops = [r.mean_speedup for r in res.summary if r.mean_speedup is not None]
-    ax.set_ylim(0, max([1.0] + tops) * 1.1)  # from 0, as plot_speedup
+    ax.set_ylim(*_speedup_limits([r.mean_speedup for r in res.summary if r.mean_speedup is not None]
+                                 + [row.best_speedup for o in others for row in o.load
+                                    if row.best_speedup is not None]))
     ax.set_title(_plot_title("Speedup at serving load", res, target), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

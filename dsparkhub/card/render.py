@@ -29,6 +29,8 @@ from dsparkhub.card.facts import (
     drafter_spec,
     load_results_for,
     provenance_facts,
+    provenance_summary,
+    training_facts,
     public_provenance,
     validation_fact,
     read_config,
@@ -79,6 +81,9 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
     model = repo_id or f"{MODEL_PLACEHOLDER}/{name}"
     plots = plot_names(results)
     shown = public_provenance(provenance, target, target_from) if provenance else None
+    calibration = card_context(draft)
+    sts = None if calibration is None else len(
+        calibration["temperatures"] if calibration["foreign"] else calibration["data"]["temperatures"])
     return {
         "card_data": card_data(results, name=name, base_model=target, license=card_license(license, target),
                                method=method),
@@ -88,12 +93,13 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
         "serve": (serve := serve_commands(serve_res, target=target, model=model)),
         "sglang": sglang_launch(method, serve["n"], target=target, model=model,
                                 tensor_parallel_size=serve_res.settings.tensor_parallel_size,
-                                max_model_len=serve_res.settings.max_model_len),
+                                max_model_len=serve_res.settings.max_model_len, sts_positions=sts),
         "engine_checks": engine_checks(list(checks or [])),
         "serve_reference": is_reference(serve_res),
         "sections": [section(r, p, target=target) for r, p in zip(results, plots)],
-        "calibration": card_context(draft),
+        "calibration": calibration,
         "provenance": provenance, "provenance_facts": provenance_facts(shown),
+        "provenance_summary": provenance_summary(shown), "training": training_facts(shown),
         "provenance_json": json.dumps(shown, indent=2, sort_keys=True) if provenance else None,
         "dsparkhub_version": __version__,
     }

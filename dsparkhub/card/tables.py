@@ -8,6 +8,7 @@ enter ``model-index`` as speedups). Does not read files (``dsparkhub.card.facts`
 from __future__ import annotations
 
 import json
+import re
 from types import MappingProxyType
 from typing import Any
 
@@ -55,7 +56,95 @@ def serve_commands(res: VerifyResults, *, target: str, model: str) -> dict[str, 
               "llm = LLM(\n" + "\n".join(py) + "\n)\n"
               f"params = SamplingParams(temperature={s.temperature!r}, max_tokens={s.max_new_tokens})\n"
               'outputs = llm.generate(["..."], params)')
-    return {"n": n, "cli": " \\\n  ".join(cli), "python": python, "backend": res.engine.backend}
+    return {"n": n, "cli": " \\\n  ".join(cli), "python": python, "backend": res.engine.backend,
+            "advice": recommendation(res), "install": _install(res),
+            "client": _CLIENT.format(target=target, temperature=s.temperature, max_tokens=s.max_new_tokens)}
+
+
+#: the OpenAI-client call against ``vllm serve`` (its default port), sampling and chat template as measured
+_CLIENT = """from openai import OpenAI
+
+client = OpenAI(base_url="http://localhost:8000/v1", api_key="EMPTY")
+response = client.chat.completions.create(
+    model="{target}",  # the server answers under the target's name
+    messages=[{{"role": "user", "content": "..."}}],
+    temperature={temperature!r},
+    max_tokens={max_tokens},
+    extra_body={{"chat_template_kwargs": {{"enable_thinking": False}}}},  # as measured: thinking disabled
+)
+print(response.choices[0].message.content)"""
+
+
+def _install(res: VerifyResults) -> str:
+    """``pip install`` line for the client example: the vLLM version the numbers were measured with (vLLM engines),
+    else the latest vLLM."""
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?)", res.engine.version) if res.engine.backend.startswith("vllm") else None
+    return f'pip install "vllm=={m.group(1)}" openai' if m else "pip install vllm openai"
+
+
+def setup_line(res: VerifyResults) -> str:
+    """One line under a section's results: engine and exact version, hardware, sampling, load and prompts (thinking
+    disabled: dsparkhub applies chat templates with ``enable_thinking=False``, ``dsparkhub.prompts.datasets``)."""
+    s = res.settings
+    engine = ("dsparkhub CPU reference engine" if is_reference(res) else
+              ENGINES[res.engine.backend].label if res.engine.backend in ENGINES else res.engine.backend)
+    load = ("one request at a time" if s.concurrency == [1] else
+            "concurrency " + ", ".join(str(c) for c in s.concurrency))
+    sampling = f"temperature {s.temperature}" + (" (greedy)" if s.temperature == 0 else "")
+    return (f"{engine} ({res.engine.version}) on {res.engine.device}; {sampling}, up to {s.max_new_tokens} new "
+            f"tokens; {load}; prompts through the target's chat template, thinking disabled; "
+            f"{s.repeats} timed repeat(s)")
+
+
+def recommendation(res: VerifyResults, concurrency: int | None = None) -> dict[str, Any]:
+    """Whether one n is reliably the fastest at ``concurrency`` (None: the lowest measured), from the reliable mean
+    speedups and the spread of their timed repeats.
+
+    The fastest n is recommended only when it pays (mean speedup above 1) and its relative margin over the
+    runner-up, ``(best - second) / second``, exceeds the spread of the repeats behind either mean (the largest
+    ``speedup_spread``, (max - min) / median of the per-repeat speedups, over the datasets' runs of both n). With
+    one timed repeat the spread is not measured, so no n is called better.
+
+    Returns:
+        ``{"kind", "text", "best": SummaryRow | None, "second": SummaryRow | None, "spread": float | None}``;
+        ``kind`` is ``"best"`` (recommend ``best``), ``"tie"`` (no n reliably better), ``"no_gain"`` (every
+        reliable mean speedup at or below 1: speculation does not pay at this load), ``"single"`` (one n measured)
+        or ``"none"`` (no reliable speedup). ``text``: one sentence for the card, numbers from the results only.
+    """
+    if concurrency is None:
+        concurrency = res.settings.concurrency[0] if res.settings.concurrency else 1
+    rows = sorted((r for r in res.summary_at(concurrency) if r.mean_speedup is not None and r.reliable),
+                  key=lambda r: (-r.mean_speedup, r.num_speculative_tokens))
+    out: dict[str, Any] = {"best": rows[0] if rows else None, "second": rows[1] if len(rows) > 1 else None,
+                           "spread": None}
+    if not rows:
+        return {**out, "kind": "none", "text": "No speedup here is reliable, so no n is recommended."}
+    best, sx = rows[0], (lambda r: f"n={r.num_speculative_tokens} ({fmt(r.mean_speedup, suffix='x')})")
+    if best.mean_speedup <= 1.0:
+        return {**out, "kind": "no_gain",
+                "text": f"Speculation does not pay at this load: every mean speedup is at or below 1x (the highest "
+                        f"is {sx(best)})."}
+    if len(rows) == 1:
+        return {**out, "kind": "single", "text": f"Only {sx(best)} was measured reliably; no other n to compare."}
+    second = rows[1]
+    chosen = {best.num_speculative_tokens, second.num_speculative_tokens}
+    spreads = [r.speedup_spread for ds in res.datasets for r in ds.runs
+               if r.concurrency == concurrency and r.num_speculative_tokens in chosen]
+    spread = None if not spreads or None in spreads else max(spreads)
+    out["spread"] = spread
+    margin = (best.mean_speedup - second.mean_speedup) / second.mean_speedup
+    if spread is None:
+        return {**out, "kind": "tie",
+                "text": f"No n is reliably better: {sx(best)} leads {sx(second)}, but with "
+                        f"{res.settings.repeats} timed repeat(s) the spread of the speedups is not measured "
+                        "(`dsparkhub verify --repeats 3` measures it)."}
+    if margin > spread:
+        return {**out, "kind": "best",
+                "text": f"Best n: {sx(best)}, ahead of {sx(second)} by more than the spread of the timed repeats "
+                        f"(at most {fmt(spread)} of their median)."}
+    return {**out, "kind": "tie",
+            "text": f"No n is reliably better: {sx(best)} leads {sx(second)} by less than the spread of the timed "
+                    f"repeats (up to {fmt(spread)} of their median)."}
 
 
 def is_reference(res: VerifyResults) -> bool:
@@ -130,7 +219,7 @@ def section(res: VerifyResults, plots: tuple[str, ...], *, target: str) -> dict[
         "plot_acceptance": plots[0], "plot_speedup": plots[1],
         "unreliable": unreliable, "incomplete": res.incomplete,
         "concurrency": s.concurrency, "repeats": s.repeats, "order": s.order,
-        "load": _load_context(res),
+        "load": _load_context(res), "setup": setup_line(res),
         "plot_concurrency": plots[2] if len(plots) > 2 and len(s.concurrency) > 1 else None,
     }
 
@@ -144,8 +233,8 @@ def _load_context(res: VerifyResults) -> dict[str, Any] | None:
         return None
     head, rows = load_table(res)
     return {"head": head, "rows": rows,
-            "best": [{"concurrency": r.concurrency, "n": r.best_n, "speedup": fmt(r.best_speedup, suffix="x")}
-                     for r in res.load],
+            "best": [{"concurrency": r.concurrency, "n": r.best_n, "speedup": fmt(r.best_speedup, suffix="x"),
+                      "text": recommendation(res, r.concurrency)["text"]} for r in res.load],
             "stops_paying_at": res.stops_paying_at}
 
 

@@ -11,7 +11,8 @@ Rules:
   expresses 1+N (and vice versa) -> :class:`ConversionRefusedError`;
 - ``embed_tokens`` / ``lm_head`` copies are dropped when byte-identical to the target's (vLLM 0.32
   ``load_dspark_model`` then shares the target's), kept and reported when they differ or cannot be compared;
-- training files (``train_config.py``, ``training_state.*.pt``) are never read or copied;
+- training files (``train_config.py``, ``training_state.*.pt``) are never copied or executed; a few literal
+  values of ``train_config.py`` and the step are parsed into the provenance's ``training`` (``training_facts``);
 - the side files vLLM reads from a drafter folder (:data:`CARRIED_FILES`) are copied byte for byte, never loaded.
 """
 
@@ -28,7 +29,7 @@ from typing import Callable
 from dsparkhub import __version__
 from dsparkhub.io.header import tensor_nbytes
 from dsparkhub.io.pickle_weights import pickle_weight_files
-from dsparkhub.layouts.deepspec_run import resolve_step_dir
+from dsparkhub.layouts.deepspec_run import resolve_step_dir, training_facts
 from dsparkhub.io.hashing import sha256_file, sha256_files, target_fingerprint
 from dsparkhub.layouts.writing import DERIVED_TENSORS
 from dsparkhub.layouts.reading import OpenedDraft
@@ -212,6 +213,7 @@ def convert(src: str | Path, out: str | Path, target: str | Path | TargetSpec | 
                        "files": {Path(p).name: h for p, h in src_hashes.items()},
                        **({"read_with": "torch.load(weights_only=True)"} if origin else {})},
             "target": target,
+            "training": training_facts(origin or Path(d.checkpoint.path)),
             "layout": plan.recipe.name,
             "options": plan.options,
             "tensors": {"written": len(plan.copies),

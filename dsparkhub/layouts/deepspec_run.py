@@ -7,6 +7,7 @@ Upstream convention: DeepSpec ``deepspec/utils/io.py`` ``safe_symlink`` and ``ck
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from dsparkhub.errors import CheckpointNotFoundError
@@ -80,3 +81,66 @@ def resolve_pickle(path: str | Path) -> Path:
             and pickle_weight_files(folder):
         return pickle_as_safetensors(folder)
     return Path(path)
+
+
+#: the ``train_config.py`` keys a card shows, per top-level dict (DeepSpec's ``model`` / ``train`` / ``data`` dicts;
+#: the embedded example's spelling ``steps`` / ``batch_size`` too); anything else stays in the training folder
+TRAINING_KEYS = {"": ("project_name", "exp_name", "seed"),
+                 "train": ("lr", "max_train_steps", "steps", "num_train_epochs", "global_batch_size", "batch_size",
+                           "warmup_ratio", "warmup", "weight_decay", "precision", "num_anchors", "loss_decay_gamma",
+                           "ce_loss_alpha", "l1_loss_alpha", "confidence_head_alpha"),
+                 "data": ("chat_template", "max_length"),
+                 "model": ("num_anchors", "loss_decay_gamma", "ce_loss_alpha", "l1_loss_alpha",
+                           "confidence_head_alpha")}
+
+
+def training_facts(step_dir: str | Path) -> dict | None:
+    """The few training facts a card shows, read from a DeepSpec step folder: the step (``step_<N>``) and the
+    literal values of :data:`TRAINING_KEYS` in its ``train_config.py``, parsed with :mod:`ast` and never executed
+    (a value that is not a literal, e.g. ``trainer_cls``, is skipped; so is a file that does not parse).
+
+    Returns:
+        ``{"step": int | None, "config": {"train.lr": 0.0006, ...}}`` (keys ``dict.key``, top-level names bare), or
+        None when the folder is no ``step_<N>`` folder and has no ``train_config.py``.
+    """
+    import ast
+
+    step_dir = Path(step_dir)
+    step = int(step_dir.name[5:]) if re.fullmatch(r"step_\d+", step_dir.name) else None
+    path = step_dir / "train_config.py"
+    config: dict = {}
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (SyntaxError, ValueError, UnicodeDecodeError):
+        tree = None
+    for node in tree.body if tree is not None else []:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        name, value = node.targets[0].id, node.value
+        if name in TRAINING_KEYS[""]:
+            _literal(config, name, value)
+        elif name in TRAINING_KEYS:
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "dict":
+                pairs = [(k.arg, k.value) for k in value.keywords if k.arg]
+            elif isinstance(value, ast.Dict):
+                pairs = [(k.value, v) for k, v in zip(value.keys, value.values) if isinstance(k, ast.Constant)]
+            else:
+                continue
+            for key, v in pairs:
+                if key in TRAINING_KEYS[name]:
+                    _literal(config, f"{name}.{key}", v)
+    if step is None and not config:
+        return None
+    return {"step": step, "config": config}
+
+
+def _literal(out: dict, key: str, node) -> None:
+    """``out[key] = `` the literal ``node`` holds (numbers, strings, booleans, None); anything else is skipped."""
+    import ast
+
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return
+    if value is None or isinstance(value, (bool, int, float, str)):
+        out[key] = value
