@@ -79,7 +79,7 @@ def _nothing(*_args) -> None:
 
 def quickstart(outdir: str | Path, *, repo_id: str | None = None, max_new_tokens: int = 96, progress: bool = True,
                starting: Callable[[str], None] = _nothing,
-               finished: Callable[[str, Quickstart], None] = _nothing) -> Quickstart:
+               finished: Callable[[str, Quickstart], None] = _nothing, on_plan: Callable | None = None) -> Quickstart:
     """Run the main job on the embedded example; re-running replaces OUTDIR's contents.
 
     Args:
@@ -89,6 +89,8 @@ def quickstart(outdir: str | Path, *, repo_id: str | None = None, max_new_tokens
         max_new_tokens: tokens generated per prompt by verify.
         progress: progress bars during verify.
         starting / finished: progress callbacks (see the module docstring).
+        on_plan: handed to :func:`dsparkhub.hub.push.push` for the local-Hub push: called with the plan before
+            anything is uploaded (the CLI prints it there, as ``dsparkhub push`` does).
 
     Returns:
         The :class:`Quickstart` state; ``ok`` is False when validation found errors (the flow stops after it).
@@ -141,6 +143,6 @@ def quickstart(outdir: str | Path, *, repo_id: str | None = None, max_new_tokens
             state.hub_url = hub.url
             finished("local_hub", state)
             state.push = push(state.drafter, QUICKSTART_REPO, token=LOCAL_HUB_TOKEN, endpoint=hub.url,
-                              target=str(ex.target), validation_record=record)
+                              target=str(ex.target), validation_record=record, on_plan=on_plan)
     finished("push", state)
     return state

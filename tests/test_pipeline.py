@@ -56,3 +56,25 @@ def test_failed_validation_stops_the_flow_and_the_cli_exits_1(monkeypatch, tmp_p
     headers = [line for line in res.output.splitlines() if line.startswith("== ")]
     assert [h.split()[1] for h in headers] == ["1/7", "2/7", "3/7", "4/7"]
     assert Path(tmp_path / "out2").is_dir()
+
+
+def test_the_cli_prints_the_local_push_plan_before_the_upload(monkeypatch, tmp_path):
+    """Issue 29 item 8: the quickstart's push prints its plan before anything is uploaded (as `dsparkhub push`)."""
+    _fakes(monkeypatch, tmp_path)
+    order = []
+
+    def push(d, repo, **kw):  # the real push calls on_plan once the plan is final, then uploads
+        kw["on_plan"]("PLANNED")
+        order.append("upload")
+        return "PUSHED"
+
+    monkeypatch.setattr(pipeline, "push", push)
+    for name in ("print_spec", "print_plan", "print_report"):
+        monkeypatch.setattr(f"dsparkhub.cli.release.{name}", lambda *a, **k: "")
+    monkeypatch.setattr("dsparkhub.verify.results.table.format_summary_table", lambda r: "")
+    monkeypatch.setattr("dsparkhub.cli.release.print_push_plan", lambda r: order.append(("plan", r)))
+    monkeypatch.setattr("dsparkhub.cli.release.print_push", lambda r, plan_shown=False: order.append(
+        ("report", r, plan_shown)))
+    res = CliRunner().invoke(main, ["quickstart", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert order == [("plan", "PLANNED"), "upload", ("report", "PUSHED", True)]

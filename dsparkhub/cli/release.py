@@ -192,10 +192,16 @@ def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: boo
         elif step == "local_hub":
             click.echo(f"  local Hub at {q.hub_url} (pass --repo NS/NAME to plan a push to the real Hub instead)")
         elif step == "push":
-            print_push(q.push)
+            print_push(q.push, plan_shown=bool(shown))
+
+    shown = []
+
+    def on_plan(planned) -> None:  # the plan before the upload, as `dsparkhub push` prints it (issue 29 item 8)
+        print_push_plan(planned)
+        shown.append(True)
 
     q = run_quickstart(outdir, repo_id=repo_id, max_new_tokens=max_new_tokens, progress=not quiet,
-                       starting=lambda step: click.echo(headers[step]), finished=finished)
+                       starting=lambda step: click.echo(headers[step]), finished=finished, on_plan=on_plan)
     if not q.ok:
         fail()
     click.echo(f"card: {q.card.readme}")
