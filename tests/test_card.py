@@ -197,7 +197,7 @@ def test_card_with_gpu_results_and_provenance(tmp_path):
             f"\"num_speculative_tokens\": {best}}}'") in text  # no --repo-id: a placeholder push refuses
     assert "    tensor_parallel_size=8,\n    max_model_len=20000," in text
     assert "compilation_config={'pass_config': {'fuse_allreduce_rms': False}}," in text
-    assert "In the `vllm` measurements below: No n is reliably better" in text  # one timed repeat: no spread
+    assert "**Recommendation** (from the `vllm` measurements below): No n is reliably better" in text  # one timed repeat: no spread
     assert "### CPU reference engine" in text and "### vLLM offline engine (vllm 0.32.0, NVIDIA H200 x8)" in text
     assert "on NVIDIA H200 x8" in text
     assert "- **Source checkpoint:** `step_1200` (deepspec layout)" in text  # an old file's path, by its name
