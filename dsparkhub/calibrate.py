@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 from dsparkhub import __version__
 from dsparkhub.errors import DsparkhubError, ResultsError
+from dsparkhub.io.output import replace_json
 from dsparkhub.io.ownership import claim_output
 from dsparkhub.layouts.deepspec_run import resolve_step_dir
 from dsparkhub.io.hashing import checkpoint_fingerprint, target_fingerprint
@@ -94,17 +93,7 @@ def write_sidecar(data: dict, path: str | Path, *, overwrite: bool = False) -> P
     problems = sidecar_problems(data)
     if problems:
         raise CalibrationError("refusing to write a sidecar SGLang cannot read: " + "; ".join(problems), path=path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return replace_json(path, data)
 
 
 # ---- a run ----------------------------------------------------------------------------------------------------

@@ -223,3 +223,29 @@ def write_json(path: str | Path, data: dict, *, indent: int | None = 2) -> None:
     """
     Path(path).write_text(json.dumps(data, indent=indent, sort_keys=False) + "\n")
     kill_point(f"wrote {Path(path).name}")
+
+
+def replace_json(path: str | Path, data: dict, *, indent: int = 1) -> Path:
+    """Write a small JSON file atomically: a temporary file beside ``path``, then ``os.replace`` (a reader sees the
+    old file or the new one, never a part). NaN / Inf are refused (``allow_nan=False``: SGLang's and other strict
+    readers refuse them). Used for the sidecars next to a drafter (``dspark_sts.json``, ``dspark_sps_table.json``);
+    whether ``path`` may be written at all is :func:`dsparkhub.io.ownership.claim_output`'s call, made before.
+
+    Raises:
+        ValueError: ``data`` holds NaN / Inf (nothing is written).
+        OSError: the folder cannot be written (the temporary file is removed).
+    """
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=indent, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

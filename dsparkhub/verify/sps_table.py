@@ -17,14 +17,12 @@ engine only; for a GPU server, SGLang's own ``dspark_sps_profiler`` is the sourc
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 from dsparkhub.errors import OutputExistsError, VerifyError
+from dsparkhub.io.output import replace_json
 
 __all__ = ["SPS_FILE", "FORMAT", "build_table", "table_problems", "write_table"]
 
@@ -93,14 +91,4 @@ def write_table(data: dict, path: str | Path, *, overwrite: bool = False) -> Pat
     problems = table_problems(data)
     if problems:
         raise VerifyError("refusing to write an SPS table SGLang cannot read: " + "; ".join(problems), path=path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return replace_json(path, data)
