@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,9 @@ def test_calibrate_never_writes_over_the_drafters_config(models, tmp_path, monke
     write_sidecar({"temperatures": [1.0]}, tmp_path / "dspark_sts.json")
     write_sidecar({"temperatures": [2.0]}, tmp_path / "dspark_sts.json", overwrite=True)  # its own kind: replaced
     assert json.loads((tmp_path / "dspark_sts.json").read_text())["temperatures"] == [2.0]
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert (tmp_path / "dspark_sts.json").stat().st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
 
 
 def test_verify_out_replaces_a_results_file_only(models, tmp_path):

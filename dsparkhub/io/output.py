@@ -225,14 +225,26 @@ def write_json(path: str | Path, data: dict, *, indent: int | None = 2) -> None:
     kill_point(f"wrote {Path(path).name}")
 
 
-def replace_json(path: str | Path, data: dict, *, indent: int = 1) -> Path:
-    """Write a small JSON file atomically: a temporary file beside ``path``, then ``os.replace`` (a reader sees the
-    old file or the new one, never a part). NaN / Inf are refused (``allow_nan=False``: SGLang's and other strict
-    readers refuse them). Used for the sidecars next to a drafter (``dspark_sts.json``, ``dspark_sps_table.json``);
-    whether ``path`` may be written at all is :func:`dsparkhub.io.ownership.claim_output`'s call, made before.
+def umask() -> int:
+    """The process umask, read without changing it (``os.umask`` sets it, which races with other threads); 0o022
+    where ``/proc/self/status`` does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def replace_text(path: str | Path, text: str, *, fsync: bool = False) -> Path:
+    """Write a small text file atomically: a temporary file beside ``path``, then ``os.replace`` (a reader sees the
+    old file or the new one, never a part), with the mode any written file gets (0666 less the umask; ``mkstemp``
+    alone makes 0600). ``fsync`` flushes the data to disk before the rename. Used for dsparkhub's small JSON files
+    (results, ``validation.json``, the STS sidecar, the SPS table); whether ``path`` may be written at all is
+    :func:`dsparkhub.io.ownership.claim_output`'s call, made before.
 
     Raises:
-        ValueError: ``data`` holds NaN / Inf (nothing is written).
         OSError: the folder cannot be written (the temporary file is removed).
     """
     import tempfile
@@ -241,11 +253,26 @@ def replace_json(path: str | Path, data: dict, *, indent: int = 1) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=indent, allow_nan=False)
-            f.write("\n")
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def replace_json(path: str | Path, data: dict, *, indent: int = 1) -> Path:
+    """:func:`replace_text` of ``data`` as JSON with a trailing newline. NaN / Inf are refused (``allow_nan=False``:
+    SGLang's and other strict readers refuse them). Used for the sidecars next to a drafter (``dspark_sts.json``,
+    ``dspark_sps_table.json``).
+
+    Raises:
+        ValueError: ``data`` holds NaN / Inf (nothing is written).
+        OSError: the folder cannot be written (the temporary file is removed).
+    """
+    return replace_text(path, json.dumps(data, indent=indent, allow_nan=False) + "\n")

@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import msgspec
@@ -41,6 +40,7 @@ from dsparkhub import __version__
 from dsparkhub.errors import CheckpointFormatError
 from dsparkhub.io.checkpoint import INDEX_NAME
 from dsparkhub.io.hashing import checkpoint_fingerprint
+from dsparkhub.io.output import replace_text
 from dsparkhub.layouts.schema_errors import check
 from dsparkhub.layouts.reading import OpenedDraft
 from dsparkhub.target import TargetSpec, public_name
@@ -261,32 +261,13 @@ def make_record(base: BasePass, d: OpenedDraft, t: TargetSpec | None, *,
     return record
 
 
-def _umask() -> int:
-    """The process umask, read without changing it (``os.umask`` sets it, which races with other threads)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
 def write_record(folder: str | Path, record: ValidationRecord) -> Path:
     """Write ``record`` as ``folder/validation.json`` atomically (a temporary file in ``folder``, then
-    ``os.replace``), with the mode any other written file gets (0666 less the umask; ``mkstemp`` makes 0600).
+    ``os.replace``, :func:`dsparkhub.io.output.replace_text`), with the mode any other written file gets (0666 less
+    the umask).
     Returns the path."""
     path = Path(folder) / VALIDATION_FILE
-    data = json.dumps(msgspec.to_builtins(record), indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{VALIDATION_FILE}.", suffix=".tmp", dir=folder)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_text(path, json.dumps(msgspec.to_builtins(record), indent=2) + "\n")
     return path
 
 

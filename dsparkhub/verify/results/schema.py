@@ -99,8 +99,6 @@ In ``first_mismatch`` ``expected`` is the token without the drafter and ``found`
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +107,7 @@ from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass
 
 from dsparkhub.errors import LosslessMismatchError
+from dsparkhub.io.output import replace_text
 from dsparkhub.serving import method_names
 
 SCHEMA = "dsparkhub.verify.results/2"
@@ -308,17 +307,6 @@ class LoadRow:
     pays: bool | None
 
 
-def _umask() -> int:
-    """The process umask, read without changing it (``os.umask`` sets it, which races with other threads)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
 @dataclass(config=_STRICT)
 class VerifyResults:
     """A whole results file (schema ``dsparkhub.verify.results/2``; see the module docstring for every key)."""
@@ -404,22 +392,9 @@ class VerifyResults:
         return {"schema": d.pop("schema"), **d}
 
     def save(self, path: str | Path) -> Path:
-        """Write the file atomically (temp file in the same folder, fsync, rename); returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_dict(), indent=2) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a results file is as readable as any output
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        """Write the file atomically (temp file in the same folder, fsync, rename; 0666 less the umask:
+        :func:`dsparkhub.io.output.replace_text`); returns the path."""
+        return replace_text(path, json.dumps(self.to_dict(), indent=2) + "\n", fsync=True)
 
 
 def _tok(t: int | None) -> str:
