@@ -6,11 +6,6 @@ repositories in memory: they are gone when it stops (file bytes stay under ``--d
 
 from __future__ import annotations
 
-import secrets
-import tempfile
-import threading
-from contextlib import ExitStack
-
 import click
 
 from dsparkhub.cli.errors import handle_errors
@@ -33,6 +28,11 @@ def hub() -> None:
 @handle_errors
 def serve(port: int, root: str | None, user: str, token: str | None) -> None:
     """Start the local Hub on 127.0.0.1 and print the endpoint and token to push with; Ctrl-C stops it."""
+    import secrets  # here, not at import: every `dsparkhub` start imports this module (~10 ms of stdlib)
+    import tempfile
+    import threading
+    from contextlib import ExitStack
+
     from dsparkhub.testing.hub_server.hub import LocalHub
 
     token = token or "hf_local" + secrets.token_hex(16)
