@@ -795,7 +795,8 @@ def test_weights_changed_after_verify_and_card_are_refused(local_hub, tmp_path, 
     from test_card import make_results
 
     from dsparkhub.card.render import write_card
-    from dsparkhub.hub.trust import RESULTS_SCHEMA_PREFIX, fingerprint_claims
+    from dsparkhub.hub.trust import fingerprint_claims
+    from dsparkhub.io.ownership import RESULTS_SCHEMA_PREFIX
     from dsparkhub.io.hashing import checkpoint_fingerprint
     from dsparkhub.verify.results.schema import SCHEMA
 

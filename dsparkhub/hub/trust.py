@@ -21,13 +21,12 @@ from pathlib import Path
 from dsparkhub.errors import CheckpointFormatError, ResultsError
 from dsparkhub.io.finite import NonFinite
 from dsparkhub.io.hashing import checkpoint_fingerprint, fingerprint_files
+from dsparkhub.io.ownership import is_results  # a results file told without pydantic (a push imports no schema)
 
 #: the card's line (dsparkhub/templates/model_card.md.j2): "Drafter fingerprint `<64 hex>` (...)"
 CARD_FINGERPRINT = re.compile(r"[Dd]rafter fingerprint\W{0,8}([0-9a-f]{64})\b")
 #: results and sidecars are small; a larger JSON file is data, not a claim about the drafter
 MAX_CLAIM_BYTES = 16 << 20
-#: prefix of every results schema (dsparkhub.verify.results.schema.SCHEMA), kept here so a push imports no pydantic
-RESULTS_SCHEMA_PREFIX = "dsparkhub.verify.results/"
 SHOWN = 16  # hex digits of a fingerprint shown in messages (as `dsparkhub compare` shows them)
 
 
@@ -52,7 +51,7 @@ def fingerprint_claims(files: dict[str, Path]) -> list[tuple[str, str]]:
             if not isinstance(data, dict):
                 continue
             found = None
-            if str(data.get("schema", "")).startswith(RESULTS_SCHEMA_PREFIX):
+            if is_results(data):
                 found = (data.get("drafter") or {}).get("fingerprint")
             elif isinstance(data.get("provenance"), dict):
                 found = data["provenance"].get("drafter_fingerprint")

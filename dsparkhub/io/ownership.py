@@ -128,6 +128,12 @@ def not_writable(out: Path, folder: Path, exc: OSError) -> OutputNotWritableErro
                                   hint="choose an OUT in a folder you can write to (not read-only, with permission)")
 
 
+def is_results(data) -> bool:
+    """Whether a parsed JSON value is a results file of ``dsparkhub verify`` (an object whose ``schema`` starts with
+    :data:`RESULTS_SCHEMA_PREFIX`); read here, in ``dsparkhub.hub.trust`` and nowhere else without pydantic."""
+    return isinstance(data, dict) and str(data.get("schema", "")).startswith(RESULTS_SCHEMA_PREFIX)
+
+
 def not_ours(path: str | Path, kind: str = "folder") -> str | None:
     """Why ``path`` is not dsparkhub's to replace, or None when it is (see the module docstring).
 
@@ -144,8 +150,8 @@ def not_ours(path: str | Path, kind: str = "folder") -> str | None:
         return wrong
     if kind != "folder":
         data = _json(path)
-        ok = (isinstance(data, dict) and (str(data.get("schema", "")).startswith(RESULTS_SCHEMA_PREFIX)
-                                          if kind == "results" else isinstance(data.get(_KIND_KEYS[kind]), list)))
+        ok = is_results(data) if kind == "results" else (isinstance(data, dict)
+                                                         and isinstance(data.get(_KIND_KEYS[kind]), list))
         return None if ok else f"expected {FILE_KINDS[kind]}, found {_describe(path)} that is not one"
     markers = [m for m in MARKERS if (path / m).is_file()]
     if not markers:
@@ -199,8 +205,7 @@ def _own(folder: Path, rel: str) -> bool:
             f.seek(max(0, full.stat().st_size - 4096))
             return CARD_MARKER.encode() in f.read()
     if parent == "" and p.suffix == ".json":
-        data = _json(full)
-        return isinstance(data, dict) and str(data.get("schema", "")).startswith(RESULTS_SCHEMA_PREFIX)
+        return is_results(_json(full))
     return False
 
 
