@@ -68,17 +68,18 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
            speculative_options, lossless_at_block_size, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses; Ctrl-C keeps the configurations measured so far in --out."""
-    from dsparkhub.verify.runner import run_verify
+    from dsparkhub.verify.runner import open_inputs, run_verify
     from dsparkhub.verify.settings import LoadOptions, VerifyArgumentError, VerifySettings
     from dsparkhub.verify.spec_options import SpecOptionError, parse_speculative_options, run_verify_arms
 
     if quiet:
         hide_transformers_progress()
 
+    opened, target_spec = open_inputs(draft, target)  # read once here, handed down as values
     try:
         arms = run_verify_arms(
             run_verify, mode=adaptive_verification, lossless_at_block_size=lossless_at_block_size,
-            speculative_config=parse_speculative_options(speculative_options), draft=draft, target=target,
+            speculative_config=parse_speculative_options(speculative_options), draft=opened, target=target_spec,
             settings=VerifySettings(
                 num_speculative_tokens=ns, datasets=list(datasets), max_new_tokens=max_new_tokens,
                 temperature=temperature, seed=seed, max_prompts=max_prompts, method=method, device=device,
@@ -96,14 +97,16 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
     except (VerifyArgumentError, SpecOptionError) as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
     for path, results in arms:  # one results file per adaptive-verification arm (dsparkhub.verify.spec_options)
-        _print_verify(results, draft, path, temperature, max_new_tokens)
+        _print_verify(results, opened, path, temperature, max_new_tokens)
 
 
 def _print_verify(results, draft, out, temperature, max_new_tokens) -> None:
     """The terminal report of one results file; raises the lossless error after printing it."""
     from dsparkhub.verify.results.table import format_summary_table
 
-    if Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
+    if not isinstance(draft, str):  # opened (dsparkhub.verify.runner.open_inputs): a run folder's step_latest
+        draft = draft.checkpoint.path
+    elif Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
         from dsparkhub.layouts.deepspec_run import resolve_step_dir
 
         draft = resolve_step_dir(draft)
