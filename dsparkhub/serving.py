@@ -40,7 +40,8 @@ class Engine:
             settings as given: they were fixed at its launch.
         module / cls: where its :class:`~dsparkhub.verify.stats.Backend` class lives, imported by :meth:`load` only.
         arguments: verify setting -> keyword of ``cls(...)`` for the values it is constructed with (None values are
-            not passed, so the class's defaults hold).
+            not passed, so the class's defaults hold); ``draft`` is the drafter's folder, ``opened_draft`` the
+            drafter verify opened (:class:`~dsparkhub.layouts.reading.OpenedDraft`, or the folder when none was).
     """
 
     name: str
@@ -101,7 +102,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine("reference", "dsparkhub reference engine", server=False, batching="batched",
            final_layer_state="normed", final_layer_source="HF output_hidden_states", methods=("dspark", "dflash"),
            module="dsparkhub.verify.reference.engine", cls="ReferenceEngine",
-           arguments={"target": "target", "draft": "drafter", "device": "device",
+           arguments={"target": "target", "opened_draft": "drafter", "device": "device",
                       "confidence_threshold": "confidence_threshold"},
            settings=frozenset({"device", "confidence_threshold"})),
     # vLLM 0.32 model_executor/models/qwen2.py:430-445 _maybe_add_hidden_state, before self.norm (Qwen3 inherits it)

@@ -255,11 +255,12 @@ def target_repo_id(source: str | Path | TargetSpec) -> tuple[str | None, str]:
                   "pass --base-model NS/NAME")
 
 
-def public_name(source: str | Path) -> str:
+def public_name(source: str | Path | TargetSpec) -> str:
     """How a results file or provenance names a model: its Hub id when :func:`target_repo_id` finds one, a Hub id
-    or manifest name as given, else only the folder's own name (never an absolute local path)."""
-    text = str(source)
+    or manifest name as given, else only the folder's own name (never an absolute local path). An opened target
+    (:class:`TargetSpec`) is not read again."""
+    text = source.source if isinstance(source, TargetSpec) else str(source)
     if Path(text).exists():
-        repo, _ = target_repo_id(text)
+        repo, _ = target_repo_id(source if isinstance(source, TargetSpec) else text)
         return repo or Path(text).resolve().name
     return text

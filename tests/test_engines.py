@@ -202,7 +202,7 @@ def test_cli_choices_schema_and_validate_engines_are_the_tables():
 def test_every_engine_row_loads_its_class():
     for engine in ENGINES.values():
         assert engine.load().__name__ == engine.cls
-        assert set(engine.arguments) <= {"target", "draft", "method", "device", "tensor_parallel_size",
+        assert set(engine.arguments) <= {"target", "draft", "opened_draft", "method", "device", "tensor_parallel_size",
                                          "max_model_len", "compilation_config", "confidence_threshold", "server_url",
                                          "baseline_url", "speculative_config"}
     with pytest.raises(ImportError, match="has no Nothing"):

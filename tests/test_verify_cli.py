@@ -165,9 +165,9 @@ def test_validate_report_listed(setup, monkeypatch):
     monkeypatch.setattr(validate_mod, "validate_reusing",
                         lambda d, t, num_speculative_tokens=None, engine="vllm", record=None, note=None:
                         (seen.update(n=num_speculative_tokens, engine=engine) or report, None))
-    draft, target, _ = setup
+    draft, _, _ = setup  # no target: _validate opens a local target folder itself, and setup's is empty
     with pytest.raises(ValidationFailedError) as ei:
-        runner._validate(draft, target, 5)
+        runner._validate(draft, None, 5)
     msg = str(ei.value)
     assert seen["n"] == 5 and seen["engine"] == "vllm" and "2 error(s)" in msg and "[fc-width] fc.weight: fc.weight is [64, 128]" in msg
     assert "[mask-token] mask_token_id 900" in msg and ei.value.report is report

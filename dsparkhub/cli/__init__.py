@@ -3,9 +3,9 @@
 Modules: :mod:`~dsparkhub.cli.source` (inspect, validate, convert, detach), :mod:`~dsparkhub.cli.manifests`
 (manifests, skeleton), :mod:`~dsparkhub.cli.verify` (verify, calibrate, vllm-check, sglang-check),
 :mod:`~dsparkhub.cli.schedule` (schedule), :mod:`~dsparkhub.cli.release` (card, compare, push, example,
-quickstart), :mod:`~dsparkhub.cli.hub` (hub serve). The error -> message mapping and the exit codes are in
-:mod:`~dsparkhub.cli.errors`; shared option types and option sets in :mod:`~dsparkhub.cli.options`; printing in
-:mod:`~dsparkhub.cli.render`. ``--debug`` is accepted before and after the subcommand (:func:`_add_debug_option`).
+quickstart), :mod:`~dsparkhub.cli.hub` (hub serve). The error -> message mapping (one boundary, installed on
+every command here) and the exit codes are in :mod:`~dsparkhub.cli.errors`; shared option types and option sets in
+:mod:`~dsparkhub.cli.options`; printing in :mod:`~dsparkhub.cli.render`. ``--debug`` is accepted before and after the subcommand (:func:`_add_debug_option`).
 
 Only this package prints. Each command parses its options, calls one library function (the multi-step flows live
 in :mod:`dsparkhub.pipeline`) and renders its result.
@@ -21,6 +21,7 @@ from dsparkhub.cli import hub as hub_cmds
 from dsparkhub.cli import release, source
 from dsparkhub.cli import schedule as schedule_cmds
 from dsparkhub.cli import verify as verify_cmds
+from dsparkhub.cli.errors import install_boundary
 
 
 DEBUG_HELP = "Show tracebacks on errors (also DSPARKHUB_DEBUG=1)."
@@ -62,4 +63,5 @@ def _add_debug_option(command: click.Command) -> None:
 
 
 _add_debug_option(main)
+install_boundary(main)  # one error boundary for every command (cli.errors.ERRORS)
 

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import traceback
+from collections.abc import Callable
 
 import click
 
@@ -75,34 +76,64 @@ def hint_for(ctx: click.Context, hint: str) -> str:
     return hint + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def handle_errors(fn):
-    """Turn the errors of :data:`HANDLED` into one paragraph and :data:`EXIT_FAILED`; Ctrl-C into
-    :data:`EXIT_INTERRUPTED`; a closed stdout pipe into a quiet :data:`EXIT_FAILED`."""
+def _interrupted(exc: BaseException, ctx: click.Context | None) -> int:
+    # shells expect 128 + SIGINT; click would turn this into "Aborted!" and exit 1. Outputs are written through
+    # temporary files and renames, so nothing half-written is left under the final names.
+    click.echo("\ninterrupted (Ctrl-C): nothing half-written was left in place", err=True)
+    return EXIT_INTERRUPTED
+
+
+def _broken_pipe(exc: BaseException, ctx: click.Context | None) -> int:
+    # the reader of our stdout left (`dsparkhub inspect X | head`): stop quietly, as the Python docs advise
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_FAILED
+
+
+def _paragraph(exc: BaseException, ctx: click.Context | None) -> int:
+    if _debug_enabled(ctx):
+        click.echo(redact(traceback.format_exc()), err=True)
+    if isinstance(exc, DsparkhubError) and exc.hint and ctx is not None:
+        exc.hint = hint_for(ctx, exc.hint)
+    click.echo(redact(f"Error ({type(exc).__name__}): {exc}"), err=True)
+    return EXIT_FAILED
+
+
+#: the one error boundary, in order (the first class an error is an instance of decides; an entry is never shadowed
+#: by an earlier one, tests/test_cli_boundary.py): exception class -> renderer, which prints and returns the exit
+#: code. As huggingface_hub's CLI maps its errors in one place. Anything else (click's usage errors, SystemExit)
+#: passes through to click.
+ERRORS: tuple[tuple[type[BaseException], Callable[[BaseException, click.Context | None], int]], ...] = (
+    (KeyboardInterrupt, _interrupted),
+    (BrokenPipeError, _broken_pipe),  # an OSError, but not one on the user's files
+    *((cls, _paragraph) for cls in HANDLED),
+)
+
+
+def boundary(fn):
+    """``fn`` (a command's callback) with its errors mapped by :data:`ERRORS` to a message and an exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except KeyboardInterrupt:
-            # shells expect 128 + SIGINT; click would turn this into "Aborted!" and exit 1. Outputs are written
-            # through temporary files and renames, so nothing half-written is left under the final names.
-            click.echo("\ninterrupted (Ctrl-C): nothing half-written was left in place", err=True)
-            sys.exit(EXIT_INTERRUPTED)
-        except BrokenPipeError:
-            # the reader of our stdout left (`dsparkhub inspect X | head`): stop quietly, as the Python docs advise
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(EXIT_FAILED)
-        except HANDLED as exc:
-            ctx = click.get_current_context(silent=True)
-            if _debug_enabled(ctx):
-                click.echo(redact(traceback.format_exc()), err=True)
-            if isinstance(exc, DsparkhubError) and exc.hint and ctx is not None:
-                exc.hint = hint_for(ctx, exc.hint)
-            name = type(exc).__name__
-            click.echo(redact(f"Error ({name}): {exc}"), err=True)
-            sys.exit(EXIT_FAILED)
+        except BaseException as exc:
+            for cls, render in ERRORS:
+                if isinstance(exc, cls):
+                    sys.exit(render(exc, click.get_current_context(silent=True)))
+            raise
 
     return wrapper
+
+
+def install_boundary(group: click.Group) -> None:
+    """Put every command of ``group`` (and of its subgroups) behind :func:`boundary`, once: the commands themselves
+    carry no error handling."""
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            install_boundary(command)
+        elif command.callback is not None and not getattr(command.callback, "_dsparkhub_boundary", False):
+            command.callback = boundary(command.callback)
+            command.callback._dsparkhub_boundary = True
 
 
 def fail() -> None:

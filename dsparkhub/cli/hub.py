@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import click
 
-from dsparkhub.cli.errors import handle_errors
 
 
 @click.group()
@@ -25,7 +24,6 @@ def hub() -> None:
               help="The token's user: repos are created under this namespace (use your real one to rehearse the "
                    "exact repo id).")
 @click.option("--token", help="Token to accept (default: a fresh random one, printed).")
-@handle_errors
 def serve(port: int, root: str | None, user: str, token: str | None) -> None:
     """Start the local Hub on 127.0.0.1 and print the endpoint and token to push with; Ctrl-C stops it."""
     import secrets  # here, not at import: every `dsparkhub` start imports this module (~10 ms of stdlib)

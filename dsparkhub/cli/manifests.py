@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from dsparkhub.cli.errors import handle_errors
 from dsparkhub.cli.options import OVERWRITE_HELP
 from dsparkhub.cli.render import echo_json, fmt_bytes
 
@@ -16,7 +15,6 @@ def manifests() -> None:
 
 @manifests.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@handle_errors
 def manifests_list(as_json: bool) -> None:
     """List target and release manifests."""
     from dsparkhub.layouts.manifests import load_manifests
@@ -40,7 +38,6 @@ def manifests_list(as_json: bool) -> None:
 @manifests.command("show")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@handle_errors
 def manifests_show(name: str, as_json: bool) -> None:
     """Show one manifest, with the provenance of each value."""
     import yaml
@@ -73,7 +70,6 @@ def manifests_show(name: str, as_json: bool) -> None:
 @click.option("--tiny", is_flag=True, help="Tiny dimensions with random values instead of a real-size sparse file.")
 @click.option("--with-drafter", is_flag=True, help="DeepSeek-V4: also write the attached mtp.* drafter stages.")
 @click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
-@handle_errors
 def skeleton(manifest: str, out: str, tiny: bool, with_drafter: bool, overwrite: bool) -> None:
     """Write a target checkpoint from a manifest: real names / shapes / dtypes / shards as sparse files."""
     from dsparkhub.skeleton import write_skeleton

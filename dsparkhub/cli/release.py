@@ -6,7 +6,7 @@ import json
 
 import click
 
-from dsparkhub.cli.errors import fail, handle_errors
+from dsparkhub.cli.errors import fail
 from dsparkhub.cli.render import (
     echo_json,
     hide_transformers_progress,
@@ -34,7 +34,6 @@ from dsparkhub.secrets import redact
               help="`vllm-check --json` / `sglang-check --json` report: the card says which engines' checks passed.")
 @click.option("--compare", "compare_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Results file of another drafter of the same target (repeat): the card gets the comparison tables.")
-@handle_errors
 def card(draft, results_paths, template, license_, base_model, repo_id, overwrite, check_paths,
          compare_paths) -> None:
     """Write README.md (model card) and plots into the drafter folder from verify results files."""
@@ -55,7 +54,6 @@ def card(draft, results_paths, template, license_, base_model, repo_id, overwrit
 
 @click.command("compare")
 @click.argument("results_paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@handle_errors
 def compare(results_paths) -> None:
     """Compare drafters from `dsparkhub verify` results files: per target, mean speedup at n=3 / n=7 and the
     change, and τ / tokens/s per concurrency with the crossover (means unweighted over datasets)."""
@@ -86,7 +84,6 @@ def compare(results_paths) -> None:
 @click.option("--commit-description", help="Text put before dsparkhub's own commit description.")
 @click.option("--create-pr", is_flag=True, help="Open a pull request against main instead of committing to it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the push report as JSON.")
-@handle_errors
 def push(draft, repo_id, revision, private, dry_run, force, endpoint, target, expect_head, token, include, exclude,
          delete, commit_message, commit_description, create_pr, as_json) -> None:
     """Push a drafter folder to the Hub as one commit, as `hf upload` does (files on the Hub that the folder lacks
@@ -125,7 +122,6 @@ def example() -> None:
 @click.option("--from-scratch", is_flag=True, help="Train a new build (minutes on 2 cores; float training differs "
               "across CPUs, so its τ differs a little from the shipped build's).")
 @click.option("--json", "as_json", is_flag=True, help="Print paths and info as JSON.")
-@handle_errors
 def example_build(cache_dir: str | None, force: bool, from_scratch: bool, as_json: bool) -> None:
     """Lay out the shipped example in the cache (or train one) and print where its folders are and its measured τ."""
     from dsparkhub.example import build_example
@@ -151,7 +147,6 @@ def example_build(cache_dir: str | None, force: bool, from_scratch: bool, as_jso
 @click.option("--repo", "repo_id", help="Also plan a push to this real Hub repo (--dry-run: read requests only).")
 @click.option("--max-new-tokens", type=click.IntRange(min=8), default=96, show_default=True)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-@handle_errors
 def quickstart(outdir: str, repo_id: str | None, max_new_tokens: int, quiet: bool) -> None:
     """Run the main job on the embedded example: build it (cached), inspect, convert, validate, verify (reference
     engine), card, and push to a local Hub started for the occasion. Re-running replaces OUTDIR's contents."""

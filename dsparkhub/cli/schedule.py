@@ -6,7 +6,6 @@ import shlex
 
 import click
 
-from dsparkhub.cli.errors import handle_errors
 from dsparkhub.cli.options import int_list
 from dsparkhub.cli.render import hide_transformers_progress
 
@@ -51,7 +50,6 @@ def _int_list_or_none(ctx, param, value: str) -> list[int]:
 @click.option("--overwrite", is_flag=True, help="Replace an existing SPS table.")
 @click.option("--device", default="cpu", show_default=True, help="Reference engine device (cpu, cuda).")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
-@handle_errors
 def schedule(draft, target, datasets, max_prompts, repeat_prompts, max_new_tokens, policies, concurrencies, law_ns,
              law_concurrencies, sts, sps_out, no_sps_table, overwrite, device, quiet) -> None:
     """Where the time goes, on the reference engine (greedy): T_draft and T_verify per step shape, the predicted

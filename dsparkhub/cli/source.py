@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dsparkhub.cli.errors import fail, handle_errors
+from dsparkhub.cli.errors import fail
 from dsparkhub.cli.options import ALLOW_PICKLE_HELP, OVERWRITE_HELP, ByteSize, int_list, layout_name, pickle_source
 from dsparkhub.cli.render import convert_bars, echo_json, fmt_bytes, print_plan, print_report, print_spec, working
 from dsparkhub.serving import engine_names
@@ -18,7 +18,6 @@ from dsparkhub.serving import engine_names
 @click.option("--layout", help="Force the source layout (a converters/ recipe name) instead of detecting it.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with the tensor list) instead of a summary.")
 @click.option("--allow-pickle", is_flag=True, help=ALLOW_PICKLE_HELP)
-@handle_errors
 def inspect(path: str, layout: str | None, as_json: bool, allow_pickle: bool) -> None:
     """Describe a drafter checkpoint (any known layout) from its config and safetensors headers."""
     from dsparkhub.layouts.reading import open_draft
@@ -45,7 +44,6 @@ def inspect(path: str, layout: str | None, as_json: bool, allow_pickle: bool) ->
 @click.option("--deep", is_flag=True, help="Also read the drafter's tensor data and report NaN / Inf (DSH207).")
 @click.option("--save", is_flag=True, help="Also write the settings-independent outcome as validation.json into the "
               "drafter folder (what verify, push and card read; default: print only, write nothing).")
-@handle_errors
 def validate(draft: str, target: str | None, num_speculative_tokens: int | None, layout: str | None,
              engine: str, as_json: bool, deep: bool, save: bool) -> None:
     """Check a drafter against its target and vLLM 0.32's contract (configs and headers only; --deep reads the
@@ -115,7 +113,6 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
 @click.option("--base-model", help="The target's Hub repo id, written wherever the output names the target "
               "(speculators' verifier, provenance, validation.json; the card) instead of a local path (default: the "
               "target's config `_name_or_path`, or the manifest its headers match).")
-@handle_errors
 def convert(src, target, out, to, layout, overwrite, force, keep_embeddings, allow_different_embeddings,
             max_shard_size, dry_run, as_json, draft_vocab, draft_vocab_from, declare_block_layout, attach_to, attach_as,
             link, allow_pickle, base_model):
@@ -215,7 +212,6 @@ def _attach(src, target_dir, out, *, layout, link, overwrite, force, max_shard_s
 @click.argument("attached", type=click.Path())
 @click.option("--out", "out", required=True, type=click.Path(), help="Output folder for the drafter.")
 @click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
-@handle_errors
 def detach(attached: str, out: str, overwrite: bool) -> None:
     """Extract the drafter of an attached (DeepSeek-V4-style) checkpoint into a standalone folder."""
     from dsparkhub.attach import detach as run_detach

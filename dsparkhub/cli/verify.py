@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dsparkhub.cli.errors import fail, handle_errors
+from dsparkhub.cli.errors import fail
 from dsparkhub.cli.options import generation_options, int_list, json_dict
 from dsparkhub.cli.render import echo_json, echo_stages, hide_transformers_progress, working
 from dsparkhub.serving import engine_names, method_names, sglang_algorithms
@@ -61,24 +61,24 @@ from dsparkhub.serving import engine_names, method_names, sglang_algorithms
 @click.option("--lossless-at-block-size", is_flag=True,
               help="Also measure n = the drafter's block_size (sglang#32038 saw corruption only there).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-@handle_errors
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
            device, tp, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
            overwrite, allow_beyond_context, concurrency, repeats, threads, adaptive_verification,
            speculative_options, lossless_at_block_size, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses; Ctrl-C keeps the configurations measured so far in --out."""
-    from dsparkhub.verify.runner import run_verify
+    from dsparkhub.verify.runner import open_inputs, run_verify
     from dsparkhub.verify.settings import LoadOptions, VerifyArgumentError, VerifySettings
     from dsparkhub.verify.spec_options import SpecOptionError, parse_speculative_options, run_verify_arms
 
     if quiet:
         hide_transformers_progress()
 
+    opened, target_spec = open_inputs(draft, target)  # read once here, handed down as values
     try:
         arms = run_verify_arms(
             run_verify, mode=adaptive_verification, lossless_at_block_size=lossless_at_block_size,
-            speculative_config=parse_speculative_options(speculative_options), draft=draft, target=target,
+            speculative_config=parse_speculative_options(speculative_options), draft=opened, target=target_spec,
             settings=VerifySettings(
                 num_speculative_tokens=ns, datasets=list(datasets), max_new_tokens=max_new_tokens,
                 temperature=temperature, seed=seed, max_prompts=max_prompts, method=method, device=device,
@@ -96,14 +96,16 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
     except (VerifyArgumentError, SpecOptionError) as exc:  # a bad combination of arguments: a usage error (exit 2)
         raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
     for path, results in arms:  # one results file per adaptive-verification arm (dsparkhub.verify.spec_options)
-        _print_verify(results, draft, path, temperature, max_new_tokens)
+        _print_verify(results, opened, path, temperature, max_new_tokens)
 
 
 def _print_verify(results, draft, out, temperature, max_new_tokens) -> None:
     """The terminal report of one results file; raises the lossless error after printing it."""
     from dsparkhub.verify.results.table import format_summary_table
 
-    if Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
+    if not isinstance(draft, str):  # opened (dsparkhub.verify.runner.open_inputs): a run folder's step_latest
+        draft = draft.checkpoint.path
+    elif Path(draft).is_dir():  # a DeepSpec run folder was measured through its step_latest
         from dsparkhub.layouts.deepspec_run import resolve_step_dir
 
         draft = resolve_step_dir(draft)
@@ -137,7 +139,6 @@ def _print_verify(results, draft, out, temperature, max_new_tokens) -> None:
 @click.option("--out", type=click.Path(dir_okay=False), help="Sidecar path (default DRAFT/dspark_sts.json).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing sidecar (never a file of another kind).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-@handle_errors
 def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature, seed, fit_fraction, min_samples,
               min_class, refine, device, out, overwrite, quiet) -> None:
     """Fit the confidence head's per-position temperatures (SGLang STS) on a fit split of the reference engine's
@@ -174,7 +175,6 @@ def calibrate(draft, target, datasets, max_prompts, max_new_tokens, temperature,
                                      "loader guards it applies), for a node you are not on; default: the installed "
                                      "vLLM's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@handle_errors
 def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, method: str | None, dtype: str,
                vllm_version: str | None, as_json: bool) -> None:
     """Run the installed vLLM's own checks (0.32 - 0.34) of a converted DSpark, DFlash or EAGLE-3 drafter on CPU,
@@ -207,7 +207,6 @@ def vllm_check(draft: str, target: str, num_speculative_tokens: int | None, meth
 @click.option("--algorithm", type=click.Choice(sglang_algorithms()),
               help="SGLang --speculative-algorithm (default: DSPARK for a Markov-head drafter, else DFLASH).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@handle_errors
 def sglang_check(draft: str | None, target: str, algorithm: str | None, as_json: bool) -> None:
     """Run SGLang 0.5.23's own checks of a drafter on CPU from .venv-sglang (scripts/setup_sglang.sh): server-argument
     resolution and draft-config parsing, load_weights, engine. Without DRAFT, SGLang finds the drafter in the target

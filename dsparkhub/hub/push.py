@@ -47,7 +47,14 @@ from dsparkhub.repo_ids import check_repo_id
 from dsparkhub.validate.report import validation_error
 from dsparkhub.validate.record import VALIDATION_FILE
 
-TRAINING_LAYOUTS = ("deepspec",)  # written by training, read by dsparkhub, not loaded by vLLM
+
+def _training_output(layout: str | None) -> bool:
+    """Whether drafters of ``layout`` are a trainer's own output, read by dsparkhub but not loaded by vLLM (the
+    recipe's ``training_output``; an unknown name: False)."""
+    from dsparkhub.layouts.recipes import load_recipes
+
+    found = [r for r in load_recipes() if r.name == layout]
+    return bool(found and found[0].typed.training_output)
 
 
 # ---- plan and report -----------------------------------------------------------------------------------------
@@ -209,7 +216,7 @@ def _validation_gate(draft_dir: Path, target: str | None, endpoint: str | None, 
                 redact=r, hint="fix the drafter (see `dsparkhub validate`), or pass --force to push anyway "
                                "(recorded in the commit message)")
         forced = True
-    if getattr(validation, "layout", None) in TRAINING_LAYOUTS:
+    if _training_output(getattr(validation, "layout", None)):
         if not force:
             raise ConversionRefusedError(
                 f"{draft_dir} is in the {validation.layout!r} training layout, which vLLM does not load",

@@ -42,6 +42,14 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
   names, the pieces listed in ``shared_on_last_stage`` sit on the last stage only (see :func:`stage_names`);
 - ``write.templates``: keys whose values are computed from the spec (``"{proposals_per_block}"``; a string that
   is exactly one placeholder keeps the value's type);
+- per-layout validation and release behaviour, as flags read through :attr:`Recipe.typed` (never by layout name):
+  ``training_output`` (a trainer's own output, which vLLM does not load: ``push`` refuses it unconverted),
+  ``records_target_layer_count`` (its ``num_target_layers`` field is the target's decoder-layer count: DSH306),
+  ``family_bound`` (every variant, not only DSpark, serves targets of its backbone family only: DSH311),
+  ``k3_config_rules`` (K3DSparkConfig's refusals: DSH109) and ``served_through_speculators`` (vLLM reads the config
+  through ``speculators/algos.py``: DSH113 / DSH114, and exempt from DSH115 / DSH106), ``own_block_layout_reader``
+  (its vLLM config class reads the block layout, not the native DSpark reader's ``sample_from_anchor`` default:
+  exempt from DSH106);
 - ``write.derive``: tensors the layout needs that are computed from others (speculators ``t2d`` from ``d2t``),
   see :data:`DERIVED_TENSORS`.
 
@@ -56,6 +64,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
+
+import msgspec
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -134,6 +144,7 @@ class Recipe:
     title: str
     data: dict
     path: Path
+    typed: RecipeSchema | None = None  # the file read through its schema (the per-layout flags are read here)
 
     @property
     def rules(self) -> list[RenameRule]:
@@ -309,7 +320,8 @@ def _load_recipes(folder: str) -> tuple[Recipe, ...]:
         _check_recipe(data, path)
         if data["name"] in out:
             raise LayoutError(f"recipe name {data['name']!r} is also the name of {out[data['name']].path}", path=path)
-        out[data["name"]] = Recipe(data["name"], data.get("title") or data["name"], data, path)
+        out[data["name"]] = Recipe(data["name"], data.get("title") or data["name"], data, path,
+                                   msgspec.convert(data, RecipeSchema))
     return tuple(out.values())
 
 

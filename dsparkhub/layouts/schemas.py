@@ -189,6 +189,13 @@ class RecipeSchema(_Strict):
     tensors: Tensors = msgspec.field(default_factory=Tensors)
     ignore_files: list[str] = []
     serves_vllm_for: dict[str, list[str]] = {}
+    # per-layout behaviour (dsparkhub.layouts.recipes docstring): flags, not checks of a layout's name
+    training_output: bool = False
+    records_target_layer_count: bool = False
+    family_bound: bool = False
+    k3_config_rules: bool = False
+    served_through_speculators: bool = False
+    own_block_layout_reader: bool = False
     write: Write = msgspec.field(default_factory=Write)
 
 

@@ -45,7 +45,7 @@ def check_intrinsic(d: OpenedDraft, out: Collector) -> None:
     # DSH113 below), whose default is true (vLLM 0.32 spec_decode/dspark/speculator.py): harmless for an
     # anchor-first drafter (DeepSpec, TorchSpec: their recipes fix the layout), wrong for a 1+N one.
     if spec.variant == "dspark" and "sample_from_anchor" not in cfg and spec.block_layout != ANCHOR_FIRST \
-            and d.recipe.name not in ("speculators", "k3-dspark", "deepseek-v4"):
+            and not (d.recipe.typed.served_through_speculators or d.recipe.typed.own_block_layout_reader):
         out.add("DSH106", f"sample_from_anchor is implicit; this {spec.block_layout} drafter would be read "
                 "anchor-first by vLLM's native reader (default true)", location=cfg_file,
                 expected="sample_from_anchor: false", found="absent",
@@ -103,7 +103,8 @@ def check_layout_rules(d: OpenedDraft, out: Collector) -> None:
     """Rules specific to one layout: K3DSparkConfig's refusals, V4 stage counts, hidden-state id 0."""
     spec, cfg = d.spec, d.checkpoint.config
     cfg_file = str(Path(d.checkpoint.path) / "config.json")
-    if d.recipe.name in ("k3-dspark", "torchspec-k3"):
+    recipe = d.recipe.typed
+    if recipe.k3_config_rules:
         # vLLM 0.32 transformers_utils/configs/k3_dspark.py K3DSparkConfig.__init__ (TorchSpec's K3DSparkMLAAttention
         # refuses mla_use_output_gate too: lightseekorg/TorchSpec 7f1e090 torchspec/models/draft/dspark.py)
         for key in ("mla_use_nope", "mla_use_output_gate", "mla_use_qk_norm", "dspark_bonus_anchor"):
@@ -126,7 +127,7 @@ def check_layout_rules(d: OpenedDraft, out: Collector) -> None:
     # (a speculators config is exempt: vLLM 0.32 transformers_utils/configs/speculators/algos.py:175-186 keeps only
     # Qwen3DSparkModel / Qwen3OmniDSparkModel and writes Qwen3DSparkModel otherwise, so speculators 0.9.0's own
     # `DSparkDraftModel` is served as Qwen3)
-    if "DSparkDraftModel" in archs and spec.family == "qwen3" and d.recipe.name != "speculators":
+    if "DSparkDraftModel" in archs and spec.family == "qwen3" and not recipe.served_through_speculators:
         # vLLM 0.32 config/speculative.py:1423-1430 renames DSparkDraftModel to Qwen3DSparkModel only for
         # model_type == "qwen3"; registry.py maps DSparkDraftModel to the DeepSeek-V4 class otherwise. SGLang 0.5.23
         # maps it to its Qwen3-style dense class (models/dspark.py:967, EntryClass :995).
@@ -137,7 +138,7 @@ def check_layout_rules(d: OpenedDraft, out: Collector) -> None:
                     "exactly `qwen3`); SGLang 0.5.23 loads it as its Qwen3-style DSparkDraftModel",
                     location=f"{cfg_file} key architectures", expected='["Qwen3DSparkModel"]', found=archs,
                     hint="`dsparkhub convert` writes architectures [\"Qwen3DSparkModel\"] and model_type qwen3")
-    if d.recipe.name == "speculators" and "sample_from_anchor" not in cfg:
+    if recipe.served_through_speculators and "sample_from_anchor" not in cfg:
         # vLLM 0.32 speculators/algos.py update_dspark / update_dflash: config_dict.get("sample_from_anchor", False);
         # speculators' DSparkSpeculatorConfig defaults it to True
         out.add("DSH113", f"sample_from_anchor is absent: vLLM serves this {spec.variant} drafter as 1+N "
@@ -146,7 +147,7 @@ def check_layout_rules(d: OpenedDraft, out: Collector) -> None:
                 location=f"{cfg_file} key sample_from_anchor", expected="true or false, written explicitly",
                 found="absent", hint="check how it was trained, then convert with --declare-block-layout "
                                      "anchor_first if needed (convert always writes the key)")
-    if d.recipe.name == "speculators" and spec.variant == "dspark" and spec.causal is not None:
+    if recipe.served_through_speculators and spec.variant == "dspark" and spec.causal is not None:
         # vLLM 0.32 transformers_utils/configs/speculators/algos.py: update_dflash writes dflash_config.causal from
         # sliding_window_non_causal, update_dspark does not, so qwen3_dflash.py:86 falls back to the layer types
         sliding = [i for i, t in enumerate(spec.decoder_config.get("layer_types") or []) if t == "sliding_attention"]

@@ -330,13 +330,14 @@ def check_record(record: ValidationRecord, d: OpenedDraft, t: TargetSpec | None,
     return record, None
 
 
-def validate_reusing(draft: str | Path, target: str | Path | TargetSpec | None, *,
+def validate_reusing(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None, *,
                      record: ValidationRecord | None = None, num_speculative_tokens: int | None = None,
                      engine: str = "vllm", layout: str | None = None,
                      note=None) -> tuple[ValidationReport, ValidationRecord | None]:
     """``validate(draft, target, num_speculative_tokens=n, engine=engine)``, from a matching record when there is
     one: ``record`` when given (made in this process, e.g. by ``convert``), else the folder's ``validation.json``;
     a record whose key does not match (or a malformed file) is ignored, ``note`` told why, and the drafter validated
+    again. ``draft`` / ``target`` already opened (``open_draft`` / ``open_target``) are used as they are, not read
     again. Returns ``(report, the record used or None)``.
 
     Raises:
@@ -348,7 +349,7 @@ def validate_reusing(draft: str | Path, target: str | Path | TargetSpec | None, 
     from dsparkhub.validate.settings import check_engine
 
     check_engine(engine)
-    d = open_draft(draft, layout=layout)
+    d = draft if isinstance(draft, OpenedDraft) else open_draft(draft, layout=layout)
     t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
     if record is not None:
         used, why = check_record(record, d, t) if not d.checkpoint.remote else (None, None)

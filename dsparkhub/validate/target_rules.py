@@ -51,7 +51,7 @@ def check_target(d: OpenedDraft, t: TargetSpec, out: Collector) -> FinalLayer | 
         final = FinalLayer(target_layers=L, trained=d.recipe.data.get("final_layer_state", "raw"),
                            sources=d.recipe.data.get("final_layer_state_source") or "")
     if spec.num_target_layers is not None \
-            and spec.layout in ("deepspec", "vllm", "zlab-dflash", "k3-dspark", "speculators") \
+            and d.recipe.typed.records_target_layer_count \
             and spec.num_target_layers != L:
         out.add("DSH306", "the drafter records a target with another number of layers",
                 location=f"{cfg_file} key num_target_layers", expected=L, found=spec.num_target_layers,
@@ -97,7 +97,7 @@ def check_family(d: OpenedDraft, t: TargetSpec, out: Collector) -> None:
     family (deepspec/trainer/dspark_trainer.py Qwen3DSparkTrainer / Gemma4DSparkTrainer). DFlash / EAGLE-3 drafters
     are exempt: z-lab ships Qwen3-backbone DFlash drafters for Llama and gpt-oss targets."""
     spec = d.spec
-    if spec.variant != "dspark" and spec.layout != "deepspec":
+    if spec.variant != "dspark" and not d.recipe.typed.family_bound:
         return
     theirs = family_of_target(t.model_type)
     if theirs is None or theirs == spec.family:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dsparkhub.errors import CheckpointFormatError, EngineUnavailableError
+from dsparkhub.layouts.reading import OpenedDraft
 from dsparkhub.serving import ENGINES, Engine, method_names, server_engine_names
 from dsparkhub.verify.settings import EngineOptionError
 from dsparkhub.verify.stats import Backend
@@ -18,8 +19,8 @@ def engine_entry(backend: str | Backend) -> Engine | None:
     return ENGINES.get(backend if isinstance(backend, str) else getattr(backend, "name", ""))
 
 
-def detect_method(draft: str | Path) -> str:
-    """The speculative method of a drafter folder: ``dspark``, ``dflash`` or ``eagle3``.
+def detect_method(draft: str | Path | OpenedDraft) -> str:
+    """The speculative method of a drafter folder (or of one already opened): ``dspark``, ``dflash`` or ``eagle3``.
 
     The variant of its :class:`~dsparkhub.layouts.spec.DraftSpec`, as the vLLM backend reads it
     (:func:`dsparkhub.verify.vllm.method.method_for_drafter`), so the results file and the engine agree. Never
@@ -31,17 +32,19 @@ def detect_method(draft: str | Path) -> str:
         CheckpointFormatError: the method found is not one a results file records (e.g. EAGLE-1).
     """
     from dsparkhub.layouts.deepspec_run import resolve_step_dir
-    from dsparkhub.verify.vllm.method import method_for_drafter  # no vLLM import: only its child imports vLLM
+    from dsparkhub.verify.vllm.method import method_for_drafter, method_for_spec  # no vLLM import here
 
-    # a DeepSpec run folder: its step_latest (as every reader follows it)
-    method = method_for_drafter(resolve_step_dir(draft) if Path(draft).is_dir() else draft)
+    if isinstance(draft, OpenedDraft):
+        method = method_for_spec(draft.spec)
+    else:  # a DeepSpec run folder: its step_latest (as every reader follows it)
+        method = method_for_drafter(resolve_step_dir(draft) if Path(draft).is_dir() else draft)
     if method not in method_names():
         raise CheckpointFormatError(f"the drafter's method is {method!r}; dsparkhub verify records "
                                     f"{', '.join(method_names())}", path=draft, hint="pass --method to override")
     return method
 
 
-def make_backend(name: str, *, target: str, draft: str, method: str, device: str | None = None,
+def make_backend(name: str, *, target: str, draft: str | OpenedDraft, method: str, device: str | None = None,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  compilation_config: dict | None = None, confidence_threshold: float | None = None,
                  server_url: str | None = None, baseline_url: str | None = None,
@@ -53,7 +56,8 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
             ``vllm`` (vLLM offline ``LLM`` in a child process), ``vllm-serve`` (a running ``vllm serve`` at
             ``server_url``) or ``sglang-serve`` (a running SGLang server, :mod:`dsparkhub.verify.sglang.backend`).
             The row's ``arguments`` say which of the values below its class is constructed with.
-        target / draft: target and drafter (folders, or what the engine accepts).
+        target / draft: target and drafter (folders, or what the engine accepts); an opened drafter is handed on
+            as it is to an engine whose row takes ``opened_draft`` (the reference engine), as its folder otherwise.
         method: ``dspark`` | ``dflash`` | ``eagle3`` (always passed explicitly to vLLM).
         device: ``cpu`` / ``cuda`` for the reference engine (None = its default).
         tensor_parallel_size / max_model_len / compilation_config: vLLM engine settings.
@@ -69,7 +73,8 @@ def make_backend(name: str, *, target: str, draft: str, method: str, device: str
     check_engine_options(name, device=device, tensor_parallel_size=tensor_parallel_size,
                           confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url)
     engine = ENGINES[name]
-    values = {"target": target, "draft": draft, "method": method, "device": device,
+    folder = str(draft.checkpoint.path) if isinstance(draft, OpenedDraft) else draft
+    values = {"target": target, "draft": folder, "opened_draft": draft, "method": method, "device": device,
               "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len,
               "compilation_config": compilation_config, "confidence_threshold": confidence_threshold,
               "server_url": server_url, "baseline_url": baseline_url, "speculative_config": speculative_config or None}

@@ -38,8 +38,9 @@ from typing import Callable
 
 from dsparkhub.errors import DsparkhubError, EngineUnavailableError, VerifyError
 from dsparkhub.io.hashing import checkpoint_fingerprint
+from dsparkhub.layouts.reading import OpenedDraft, open_draft
 from dsparkhub.serving import method_names
-from dsparkhub.target import public_name
+from dsparkhub.target import TargetSpec, open_target, public_name
 from dsparkhub.validate.record import validate_reusing
 from dsparkhub.validate.report import validation_error
 from dsparkhub.verify.context import check_new_tokens, check_prompts
@@ -50,7 +51,8 @@ from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings, Veri
 from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
 from dsparkhub.verify.stats import Backend, RunStats
 
-def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callable[[str], None] | None = None,
+def _validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None, n: int,
+              warn: Callable[[str], None] | None = None,
               engine: str = "vllm", validation=None, told: Callable[[str], None] | None = None):
     """Static checks before any model is loaded (``dsparkhub.validate``); raise with every error listed, pass
     each warning (e.g. DSH401: n larger than a trained block) to ``warn``. ``engine`` (``"reference"`` for the
@@ -58,14 +60,21 @@ def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callab
 
     The settings-independent pass is taken from ``validation`` (a :class:`~dsparkhub.validate.record.
     ValidationRecord` made in this process) or the folder's ``validation.json`` when its key matches the drafter and
-    target (:func:`~dsparkhub.validate.record.validate_reusing`); otherwise (``told`` says why) it runs here."""
+    target (:func:`~dsparkhub.validate.record.validate_reusing`); otherwise (``told`` says why) it runs here.
+
+    Returns the :class:`~dsparkhub.target.TargetSpec` validated against (a local target folder is opened here once),
+    or None for a Hub id or no target."""
+    if isinstance(target, (str, Path)) and Path(target).is_dir():
+        target = open_target(target)
     report, _ = validate_reusing(draft, target, record=validation, num_speculative_tokens=n, engine=engine,
                                  note=told)
     for f in report.warnings if warn is not None else []:
         warn(f"warning [{f.code}] {f.message}")
     if not report.ok:
-        raise validation_error(report, against="the target", refusing="no model was loaded", path=draft,
+        path = draft.checkpoint.path if isinstance(draft, OpenedDraft) else draft
+        raise validation_error(report, against="the target", refusing="no model was loaded", path=path,
                                hint="run `dsparkhub validate` for the full report")
+    return target if isinstance(target, TargetSpec) else None
 
 
 def _accepts(backend: Backend, name: str) -> bool:
@@ -107,7 +116,36 @@ def _run_one(backend: Backend, prompts: list[list[int]], *, n: int | None, max_n
     return stats
 
 
-def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings = VerifySettings(), *,
+def open_inputs(draft: str | Path, target: str | Path) -> tuple[str | OpenedDraft, str | TargetSpec]:
+    """Open a verify's drafter and target once, from headers and config, for :func:`run_verify` to hand down (to
+    validation, the method, the engine and the results' names) instead of each step reading them again.
+
+    A drafter folder is opened with :func:`~dsparkhub.layouts.reading.open_draft` (a DeepSpec run folder: its
+    ``step_latest``), a local target folder with :func:`~dsparkhub.target.open_target`. Anything else (a Hub id, a
+    served model name, a path that does not exist) is returned as the string it is, and so is a folder that cannot
+    be opened: ``run_verify`` then reports that in its own order, after the usage checks, as before. Never reads the
+    network.
+
+    Returns:
+        ``(the OpenedDraft or the drafter as given, the TargetSpec or the target as given)``.
+    """
+    d: str | OpenedDraft = str(draft)
+    t: str | TargetSpec = str(target)
+    if Path(d).is_dir():
+        try:
+            d = open_draft(d)
+        except DsparkhubError:  # deferred, not dropped: run_verify raises it (or the usage error before it)
+            pass
+    if Path(t).is_dir():
+        try:
+            t = open_target(t)
+        except DsparkhubError:  # as above: validation opens it again and raises
+            pass
+    return d, t
+
+
+def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
+               settings: VerifySettings = VerifySettings(), *,
                backend: str | Backend = "reference", out: str | Path | None = None, overwrite: bool = False,
                progress: bool = True, check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
                validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None,
@@ -115,8 +153,10 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     """Verify a drafter against its target and return (and optionally save) the results.
 
     Args:
-        draft: drafter folder (converted, e.g. the output of ``dsparkhub convert``).
-        target: target folder (or Hub repo id / served model name for the vLLM backends).
+        draft: drafter folder (converted, e.g. the output of ``dsparkhub convert``), or the drafter opened once by
+            :func:`open_inputs` (then no step reads its headers again).
+        target: target folder (or Hub repo id / served model name for the vLLM backends), or its
+            :class:`~dsparkhub.target.TargetSpec` (:func:`open_inputs`).
         settings: what to measure and the engine settings (:class:`~dsparkhub.verify.settings.VerifySettings`:
             n values, datasets, sampling, method, engine options, load), recorded in the results.
         backend: a backend name for :func:`make_backend`, or a ready :class:`Backend` (not closed here).
@@ -152,6 +192,9 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     """
     load = settings.load.checked()
     method = settings.method
+    opened = draft if isinstance(draft, OpenedDraft) else None  # a local drafter is opened once, below at latest
+    target_spec = target if isinstance(target, TargetSpec) else None
+    target = target_spec.source if target_spec is not None else target
     ns = sorted(set(int(n) for n in settings.num_speculative_tokens))
     if not ns or ns[0] < 1 or len(ns) != len(list(settings.num_speculative_tokens)):
         raise VerifyArgumentError(f"num_speculative_tokens must be distinct positive integers, found "
@@ -161,7 +204,9 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     if settings.max_new_tokens < 1:
         raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {settings.max_new_tokens}")
     check_new_tokens(target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context)
-    if Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
+    if opened is not None:
+        draft = opened.checkpoint.path  # its step_latest for a DeepSpec run folder, resolved when it was opened
+    elif Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
         from dsparkhub.layouts.deepspec_run import resolve_step_dir
 
         draft = resolve_step_dir(draft)
@@ -170,7 +215,8 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     if spec_options is not None:  # dsparkhub.verify.spec_options: lossy-rejection refusal, n = block size
         from dsparkhub.verify.spec_options import prepare
 
-        ns, spec_notes = prepare(spec_options, ns, draft=draft, temperature=settings.temperature, backend=backend)
+        ns, spec_notes = prepare(spec_options, ns, draft=opened or draft, temperature=settings.temperature,
+                                 backend=backend)
     if isinstance(backend, str):
         check_engine_options(backend, device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
                               confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
@@ -182,7 +228,9 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     if method is not None and method not in method_names():
         raise VerifyArgumentError(f"unknown method {method!r}; expected one of {', '.join(method_names())}")
     try:
-        detected = detect_method(draft)
+        if opened is None and (Path(draft) / "config.json").is_file():  # without one, detect_method says so
+            opened = open_draft(draft)
+        detected = detect_method(opened or draft)
     except DsparkhubError:
         if method is None or Path(draft).is_dir():  # a folder must name its method; a served name need not
             raise
@@ -222,8 +270,10 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
         if validate_fn is not None:
             validate_fn(draft, None if served_name else target, max(ns))
         else:
-            _validate(draft, None if served_name else target, max(ns), note,
-                      engine=row.name if row is not None else "vllm", validation=validation, told=warn)
+            # a local target is opened once, by validation at the latest: the results' name reads the same one
+            target_spec = _validate(opened or draft, None if served_name else (target_spec or target), max(ns), note,
+                                    engine=row.name if row is not None else "vllm", validation=validation,
+                                    told=warn) or target_spec
 
     from dsparkhub.verify.prompts import load_datasets
 
@@ -242,8 +292,9 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                                server_url=settings.server_url, baseline_url=settings.baseline_url,
                                tokenizer=tokenizer)
     else:
-        engine = make_backend(backend, target=target, draft=draft, method=method, device=settings.device,
-                              tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
+        engine = make_backend(backend, target=target, draft=opened or draft, method=method,
+                              device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
+                              max_model_len=settings.max_model_len,
                               compilation_config=settings.compilation_config,
                               confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
                               baseline_url=settings.baseline_url,
@@ -302,7 +353,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     results = build_results(
         engine=info, method=method,
         # local folders are named by Hub id (target) or folder name plus fingerprint, never by local path
-        target=ModelRef(id=public_name(target), fingerprint=target_fingerprint(target)),
+        target=ModelRef(id=public_name(target_spec or target), fingerprint=target_fingerprint(target)),
         drafter=ModelRef(id=Path(draft).resolve().name if Path(draft).is_dir() else draft,
                          fingerprint=checkpoint_fingerprint(draft) if Path(draft).is_dir() else None),
         settings=Settings(temperature=float(settings.temperature), max_new_tokens=settings.max_new_tokens,

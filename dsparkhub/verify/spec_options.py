@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsparkhub.errors import DsparkhubError, EngineUnavailableError
-from dsparkhub.layouts.reading import open_draft
+from dsparkhub.layouts.reading import OpenedDraft, open_draft
 from dsparkhub.layouts.spec import DraftSpec
 from dsparkhub.serving import ENGINES
 
@@ -129,16 +129,18 @@ def arm_paths(out: str | Path | None, mode: str) -> list[str | None]:
     return [str(p.with_name(f"{p.stem}.adaptive-{arm}{p.suffix or '.json'}")) for arm in ("off", "on")]
 
 
-def _spec(draft: str | Path) -> DraftSpec | None:
-    """The drafter's :class:`~dsparkhub.layouts.spec.DraftSpec` (the layout recipes' reading), or None when no
-    recipe reads the folder."""
+def _spec(draft: str | Path | OpenedDraft) -> DraftSpec | None:
+    """The drafter's :class:`~dsparkhub.layouts.spec.DraftSpec` (the layout recipes' reading; an opened drafter's
+    own), or None when no recipe reads the folder."""
+    if isinstance(draft, OpenedDraft):
+        return draft.spec
     try:
         return open_draft(draft).spec
     except DsparkhubError:
         return None
 
 
-def has_confidence_head(draft: str | Path) -> bool:
+def has_confidence_head(draft: str | Path | OpenedDraft) -> bool:
     """True when the drafter declares a confidence head (its DraftSpec; written as ``enable_confidence_head``, which
     vLLM ``qwen3_dspark.py`` reads)."""
     spec = _spec(draft)
@@ -151,7 +153,7 @@ def _takes_speculative_config(backend: str) -> bool:
     return engine is not None and "speculative_config" in engine.settings
 
 
-def check_adaptive(mode: str, *, backend: str, method: str | None, draft: str | Path,
+def check_adaptive(mode: str, *, backend: str, method: str | None, draft: str | Path | OpenedDraft,
                    cuda: bool | None = None) -> None:
     """Refuse adaptive verification where vLLM 0.32 cannot run it, before anything loads (``off`` always passes).
 
@@ -185,7 +187,7 @@ def check_adaptive(mode: str, *, backend: str, method: str | None, draft: str | 
         raise AdaptiveUnavailableError(
             f"--adaptive-verification {mode}: the drafter's config.json has no enable_confidence_head: true, so "
             "it has no trained confidence head to size the verification budget from",
-            path=Path(draft) / "config.json",
+            path=Path(draft.checkpoint.path if isinstance(draft, OpenedDraft) else draft) / "config.json",
             hint="use a DSpark drafter trained with a confidence head, or drop --adaptive-verification")
     if cuda is None:
         import torch
@@ -204,13 +206,13 @@ def arm_config(base: dict, adaptive: bool, mode: str) -> dict:
     return {**base, ADAPTIVE_KEY: adaptive} if mode != "off" else dict(base)
 
 
-def block_size_of(draft: str | Path) -> int | None:
+def block_size_of(draft: str | Path | OpenedDraft) -> int | None:
     """The drafter's block size (its DraftSpec; DSpark / DFlash), or None (EAGLE-3, or no recipe reads it)."""
     spec = _spec(draft)
     return spec.block_size if spec is not None and spec.variant != "eagle3" and spec.block_size > 0 else None
 
 
-def with_block_size(ns: list[int], draft: str | Path, temperature: float) -> tuple[list[int], str | None]:
+def with_block_size(ns: list[int], draft: str | Path | OpenedDraft, temperature: float) -> tuple[list[int], str | None]:
     """``ns`` plus n = the drafter's block size when the lossless check runs (temperature 0) and it is missing;
     returns the sorted n values and the note to record (None when nothing was added)."""
     block = block_size_of(draft)
@@ -219,7 +221,7 @@ def with_block_size(ns: list[int], draft: str | Path, temperature: float) -> tup
     return sorted([*ns, block]), BLOCK_SIZE_NOTE.format(n=block)
 
 
-def prepare(options: "SpecOptions", ns: list[int], *, draft: str | Path, temperature: float,
+def prepare(options: "SpecOptions", ns: list[int], *, draft: str | Path | OpenedDraft, temperature: float,
             backend) -> tuple[list[int], list[str]]:
     """What ``run_verify`` does with the options before anything loads: refuse a lossy rejection method for a
     lossless check and speculative-config keys for a backend that takes none; add n = block size when asked.
@@ -265,7 +267,10 @@ def run_verify_arms(run, *, mode: str = "off", out: str | Path | None, speculati
         from dsparkhub.verify.engines import detect_method
 
         draft = kwargs["draft"]
-        folder = resolve_step_dir(draft) if Path(draft).is_dir() else draft  # a DeepSpec run: its step_latest
+        if isinstance(draft, OpenedDraft):  # opened once by the caller (dsparkhub.verify.runner.open_inputs)
+            folder = draft
+        else:  # a DeepSpec run: its step_latest
+            folder = resolve_step_dir(draft) if Path(draft).is_dir() else draft
         method = getattr(kwargs.get("settings"), "method", None) or detect_method(folder)
         check_adaptive(mode, backend=kwargs.get("backend", "reference"), method=method, draft=folder, cuda=cuda)
     done = []

@@ -82,7 +82,8 @@ class ReferenceEngine:
 
     Args:
         target: HF model folder or loaded ``PreTrainedModel`` (Qwen3-style, ``output_hidden_states`` support).
-        drafter: drafter folder (any layout :func:`dsparkhub.verify.reference.loading.load_drafter` reads) or a :class:`Drafter`;
+        drafter: drafter folder (any layout :func:`dsparkhub.verify.reference.loading.load_drafter` reads), the
+            drafter opened (``OpenedDraft``, as verify hands it on) or a :class:`Drafter`;
             None for baseline-only use.
         device: torch device ("cpu", "cuda").
         dtype: dtype of both models (float32 default: the lossless check is then exact up to kernel rounding).

@@ -25,7 +25,7 @@ from dsparkhub.errors import CheckpointFormatError, CheckpointNotFoundError, Inc
 from dsparkhub.io.checkpoint import Checkpoint
 from dsparkhub.layouts.deepspec_run import resolve_step_dir
 from dsparkhub.layouts.causality import vllm_causality
-from dsparkhub.layouts.reading import open_draft, spec_from_config
+from dsparkhub.layouts.reading import OpenedDraft, open_draft, spec_from_config
 from dsparkhub.layouts.spec import ANCHOR_FIRST, DraftSpec
 from dsparkhub.verify.reference.drafter_config import DrafterConfig, LayerAttention
 from dsparkhub.verify.reference.modeling import Drafter
@@ -269,13 +269,14 @@ def _check_target(cfg: DrafterConfig, tensors: dict, target_model, config_path) 
             path=config_path)
 
 
-def load_drafter(folder: str | Path, target_model=None, *, dtype: torch.dtype = torch.float32,
+def load_drafter(folder: str | Path | OpenedDraft, target_model=None, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu") -> Drafter:
     """Load a drafter from a DeepSpec step / run dir, a dsparkhub-converted vLLM- or speculators-layout folder or a
     z-lab DFlash folder.
 
     Args:
-        folder: the drafter folder (a DeepSpec run dir resolves to ``step_latest``; ``resolve_step_dir``).
+        folder: the drafter folder (a DeepSpec run dir resolves to ``step_latest``; ``resolve_step_dir``), or the
+            drafter already opened (``dsparkhub.layouts.reading.open_draft``; its headers are not read again).
         target_model: the transformers target (``PreTrainedModel``); required when the checkpoint lacks
             ``embed_tokens`` / ``lm_head`` (they are then shared with the target, as vLLM ``load_dspark_model`` does).
         dtype: parameter dtype (the confidence head stays float32, as in vLLM).
@@ -292,11 +293,15 @@ def load_drafter(folder: str | Path, target_model=None, *, dtype: torch.dtype = 
             :func:`drafter_config_from_spec`), or missing / unexpected / misshapen tensors (all listed).
         IncompatibleTargetError: the target cannot feed this drafter (layers, hidden size, vocab).
     """
-    folder = resolve_step_dir(folder)  # the one run-folder resolver (issue 14)
-    if not (folder / "config.json").is_file():
-        raise CheckpointNotFoundError(f"no config.json (and no DeepSpec step_latest link) in {folder}", path=folder,
-                                      hint="pass the drafter folder, a DeepSpec step folder or its run folder")
-    opened = open_draft(folder)
+    if isinstance(folder, OpenedDraft):
+        opened = folder
+    else:
+        folder = resolve_step_dir(folder)  # the one run-folder resolver (issue 14)
+        if not (folder / "config.json").is_file():
+            raise CheckpointNotFoundError(f"no config.json (and no DeepSpec step_latest link) in {folder}",
+                                          path=folder, hint="pass the drafter folder, a DeepSpec step folder or its "
+                                                            "run folder")
+        opened = open_draft(folder)
     ckpt, spec = opened.checkpoint, opened.spec
     folder = Path(ckpt.path)
     config_path = folder / "config.json"
