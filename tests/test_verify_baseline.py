@@ -36,6 +36,7 @@ def test_a_drafter_baseline_is_measured_interleaved_lossless_and_named(example, 
     res = _verify(example, out, "--baseline", str(example.dflash))
     assert res.exit_code == 0, res.output
     assert "speedups below are vs DFlash n=7" in res.output and "speedup vs DFlash n=7" in res.output
+    assert "baseline DFlash n=7 lossless against the target alone: ok" in res.output
     r = read_results(out)
     assert r.schema == SCHEMA and r.baseline.kind == "drafter" and r.baseline.n == 7
     assert r.baseline.id == example.dflash.resolve().name and r.baseline.fingerprint

@@ -32,6 +32,10 @@ def format_summary_table(results: VerifyResults) -> str:
     out: list[str] = []
     reasons: list[str] = []
     out.append(f"speedups below are vs {results.baseline.label} (same prompts, same concurrency)")
+    checked = [b.lossless for ds in results.datasets for b in ds.baselines if b.lossless is not None]
+    if checked:  # a speculative baseline: its own greedy outputs against the target alone
+        out.append(f"baseline {results.baseline.label} lossless against the target alone: "
+                   f"{'ok' if all(checked) else 'FAIL'}")
     for c in cs:
         head = ["dataset" if len(cs) == 1 else f"dataset @ concurrency {c}"] + \
             [f"n={n}: tau / speedup / lossless" for n in ns]
