@@ -4,16 +4,26 @@ MTP refusals before anything loads, and the schema /3 baseline identity (``/2`` 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from dsparkhub.cli import main
-from dsparkhub.verify.baseline import BaselineChoice, baseline_n, check_baseline, parse_baseline
+from dsparkhub.verify.baseline import (
+    BaselineChoice,
+    baseline_n,
+    check_baseline,
+    parse_baseline,
+)
 from dsparkhub.verify.results.reading import read_results
 from dsparkhub.verify.results.schema import SCHEMA, BaselineRef
-from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
+from dsparkhub.verify.settings import (
+    EngineOptionError,
+    VerifyArgumentError,
+    VerifySettings,
+)
 
 DATA = Path(__file__).parent / "data"
 
@@ -57,7 +67,7 @@ def test_a_drafter_baseline_is_measured_interleaved_lossless_and_named(example, 
     assert cmp.exit_code == 0, cmp.output
     assert "DFlash n=7" in cmp.output and "no speculation" in cmp.output
     draft = tmp_path / "draft"
-    import shutil
+
 
     shutil.copytree(example.dspark_step, draft, ignore=shutil.ignore_patterns("training_state*", "*.pt"))
     card = CliRunner().invoke(main, ["card", str(draft), "--results", str(out), "--base-model", "org/tiny-target"])
