@@ -56,6 +56,7 @@ class DrafterRow:
         unreliable: the n values whose mean rests on a run marked unreliable.
         change: ``speedup[7] - speedup[3]`` (None if either is missing).
         concurrency: the concurrency these means were measured at.
+        baseline: what the speedups are measured against (``BaselineRef.label``: ``no speculation``, ``DFlash n=7``).
     """
 
     label: str
@@ -65,6 +66,7 @@ class DrafterRow:
     unreliable: tuple[int, ...]
     change: float | None
     concurrency: int
+    baseline: str = "no speculation"
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ def drafter_row(src: Source, ns: tuple[int, ...] = SEED_NS) -> DrafterRow:
     a, b = speedup[ns[0]], speedup[ns[-1]]
     return DrafterRow(label=src.label, method=res.method, backend=res.engine.backend, speedup=speedup,
                       unreliable=tuple(n for n in ns if n in by_n and not by_n[n].reliable),
-                      change=b - a if a is not None and b is not None else None, concurrency=c)
+                      change=b - a if a is not None and b is not None else None, concurrency=c,
+                      baseline=res.baseline.label)
 
 
 def load_cell(res: VerifyResults, concurrency: int) -> LoadCell | None:
@@ -241,8 +244,9 @@ def _signed(x: float | None) -> str:
 
 def _tables(cmp: TargetComparison, ns: tuple[int, ...]) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of both tables of one target."""
-    head = ["drafter", "method", "engine"] + [f"speedup n={n}" for n in ns] + [f"change n={ns[0]}->{ns[-1]}"]
-    rows = [[r.label, r.method, r.backend]
+    head = ["drafter", "method", "engine", "speedup vs"] + [f"speedup n={n}" for n in ns] + \
+        [f"change n={ns[0]}->{ns[-1]}"]
+    rows = [[r.label, r.method, r.backend, r.baseline]
             + [_f(r.speedup[n], ".2f", "x") + ("?" if n in r.unreliable else "") for n in ns] + [_signed(r.change)]
             for r in cmp.rows]
     at = sorted({r.concurrency for r in cmp.rows})

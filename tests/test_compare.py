@@ -146,7 +146,7 @@ def test_card_compare_renders_tables(tmp_path, files):
     assert r.exit_code == 0, r.output
     text = (d / "README.md").read_text()
     assert "## Comparison with other drafters" in text and "eagle3-drafter" in text
-    assert "| drafter | method | engine | speedup n=3 | speedup n=7 | change n=3->7 |" in text
+    assert "| drafter | method | engine | speedup vs | speedup n=3 | speedup n=7 | change n=3->7 |" in text
     assert "Crossover: eagle3-drafter matches or passes drafter" in text
 
 

@@ -135,7 +135,7 @@ def _write(tmp_path, data) -> str:
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.update(schema="dsparkhub.verify.results/3"), "unknown results schema 'dsparkhub.verify.results/3'"),
+    (lambda d: d.update(schema="dsparkhub.verify.results/4"), "unknown results schema 'dsparkhub.verify.results/4'"),
     (lambda d: d.pop("schema"), "unknown results schema None"),
     (lambda d: d.pop("method"), "key `method`: expected a string, found missing"),
     (lambda d: d.update(method="medusa"), "key `method` is 'medusa'"),
@@ -190,7 +190,8 @@ def test_unknown_method_refused_when_building():
 def test_summary_table_text():
     text = format_summary_table(make_results(mismatch=True))
     lines = text.splitlines()
-    assert lines[0].split()[0] == "dataset" and "n=3" in lines[0] and "n=5" in lines[0]
+    assert lines[0] == "speedups below are vs no speculation (same prompts, same concurrency)"
+    assert lines[1].split()[0] == "dataset" and "n=3" in lines[1] and "n=5" in lines[1]
     a_line = next(line for line in lines if line.startswith("a "))
     assert "3.00 / 2.00x / ok" in a_line and "4.00 / 1.50x / ok" in a_line
     b_line = next(line for line in lines if line.startswith("b "))

@@ -75,7 +75,7 @@ def plot_speedup(res: VerifyResults, path: Path, *, target: str | None = None) -
     ax.axhline(1.0, color="grey", linewidth=0.8, label="target alone (1x)")
     ax.set_xticks(res.settings.num_speculative_tokens)
     ax.set_xlabel("num_speculative_tokens")
-    ax.set_ylabel("speedup vs target alone" + (" (CPU reference engine)" if is_reference(res) else ""))
+    ax.set_ylabel(res.speedup_label + (" (CPU reference engine)" if is_reference(res) else ""))
     ax.set_ylim(*_speedup_limits(values))
     repeats = res.settings.repeats
     ax.set_title(_plot_title("Speedup" + (f" (bars: range of {repeats} timed repeats)" if repeats > 1 else ""),
@@ -140,7 +140,7 @@ def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | Non
     ax.set_xscale("log", base=2)
     ax.set_xticks(res.settings.concurrency, [str(c) for c in res.settings.concurrency])
     ax.set_xlabel("concurrency (requests in flight)")
-    ax.set_ylabel("speedup vs target alone, same concurrency")
+    ax.set_ylabel(f"{res.speedup_label}, same concurrency")
     ax.set_ylim(*_speedup_limits([r.mean_speedup for r in res.summary if r.mean_speedup is not None]
                                  + [row.best_speedup for o in others for row in o.load
                                     if row.best_speedup is not None]))

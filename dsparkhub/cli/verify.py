@@ -60,11 +60,14 @@ from dsparkhub.serving import engine_names, method_names, sglang_algorithms
               "(fly, synthetic) is refused at temperature 0.")
 @click.option("--lossless-at-block-size", is_flag=True,
               help="Also measure n = the drafter's block_size (sglang#32038 saw corruption only there).")
+@click.option("--baseline", "baseline", default="none", show_default=True, metavar="none|mtp:N|PATH[@n]",
+              help="What speedups are measured against: none (no speculation), mtp:N (the target's own MTP "
+              "layers, vLLM backends), or another drafter folder at n (default: its block size; reference engine).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
            device, tp, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
            overwrite, allow_beyond_context, concurrency, repeats, threads, adaptive_verification,
-           speculative_options, lossless_at_block_size, quiet) -> None:
+           speculative_options, lossless_at_block_size, baseline, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses; Ctrl-C keeps the configurations measured so far in --out."""
     from dsparkhub.verify.runner import open_inputs, run_verify
@@ -85,7 +88,7 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
                 tensor_parallel_size=tp, max_model_len=max_model_len, compilation_config=compilation_config,
                 confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url,
                 load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats, intra_op_threads=threads),
-                allow_beyond_context=allow_beyond_context),
+                allow_beyond_context=allow_beyond_context, baseline=baseline),
             backend=backend, out=out, overwrite=overwrite, progress=not quiet,
             raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))
     except KeyboardInterrupt as exc:

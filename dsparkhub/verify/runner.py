@@ -47,7 +47,8 @@ from dsparkhub.verify.context import check_new_tokens, check_prompts
 from dsparkhub.verify.engines import check_engine_options, detect_method, engine_entry, make_backend
 from dsparkhub.verify.results.derive import build_results, no_acceptance
 from dsparkhub.verify.results.identity import target_fingerprint
-from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings, VerifyResults
+from dsparkhub.verify.baseline import baseline_engine, baseline_n, check_baseline, parse_baseline
+from dsparkhub.verify.results.schema import BaselineRef, EngineInfo, ModelRef, Settings, VerifyResults
 from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
 from dsparkhub.verify.stats import Backend, RunStats
 
@@ -204,6 +205,10 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
     if settings.max_new_tokens < 1:
         raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {settings.max_new_tokens}")
     check_new_tokens(target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context)
+    choice = parse_baseline(settings.baseline)  # --baseline, refused (check_baseline) before anything loads
+    check_baseline(choice, backend=backend if isinstance(backend, str) else backend.name, target=target,
+                   interleaves=backend == "reference" if isinstance(backend, str) else
+                   bool(getattr(backend, "interleaves", False)))
     if opened is not None:
         draft = opened.checkpoint.path  # its step_latest for a DeepSpec run folder, resolved when it was opened
     elif Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
@@ -274,6 +279,9 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
             target_spec = _validate(opened or draft, None if served_name else (target_spec or target), max(ns), note,
                                     engine=row.name if row is not None else "vllm", validation=validation,
                                     told=warn) or target_spec
+            if choice.kind == "drafter":  # the baseline drafter must fit the target too
+                _validate(choice.path, target_spec or target, baseline_n(choice, ns), note,
+                          engine=row.name if row else "vllm")
 
     from dsparkhub.verify.prompts import load_datasets
 
@@ -301,6 +309,9 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                               speculative_config=spec_options.speculative_config if spec_options else None) \
             if owned else backend
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
+    plain: dict[str, dict[int, RunStats]] = {ds.name: {} for ds in data}  # a drafter baseline's lossless check
+    base_n = baseline_n(choice, ns) if choice.kind == "drafter" else None
+    base_engine = engine
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None
     stopped: DsparkhubError | KeyboardInterrupt | None = None
@@ -308,6 +319,8 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
     try:
         _check_concurrency(engine, load.concurrency)
         threads = _set_threads(engine, load.intra_op_threads)
+        if choice.kind == "drafter":  # the same loaded target drafting with the baseline drafter
+            base_engine = baseline_engine(engine, choice)
         interleaved = bool(getattr(engine, "interleaves", False))
         reps = range(load.repeats)
         if interleaved:  # per concurrency and repeat: baseline, n1, n2, ... on every dataset
@@ -319,10 +332,15 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                 label = "baseline" if n is None else f"n={n}"
                 desc = f"{ds.name} {label}" + (f" @{c}" if len(load.concurrency) > 1 else "") + \
                     (f" #{rep + 1}" if load.repeats > 1 else "")
+                common = dict(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                              seed=settings.seed, progress=progress, concurrency=c)
                 try:
-                    st = _run_one(engine, ds.prompts, n=n, max_new_tokens=settings.max_new_tokens,
-                                  temperature=settings.temperature, seed=settings.seed, progress=progress, desc=desc,
-                                  concurrency=c)
+                    if n is None and base_n is not None and settings.temperature == 0 and c not in plain[ds.name]:
+                        # untimed: the target alone, against which the baseline drafter's outputs are checked
+                        plain[ds.name][c] = _run_one(engine, ds.prompts, n=None, desc=f"{desc} (no speculation)",
+                                                     **common)
+                    st = _run_one(base_engine if n is None else engine, ds.prompts, n=base_n if n is None else n,
+                                  desc=desc, **common)
                 except (EngineUnavailableError, VerifyError, KeyboardInterrupt) as exc:
                     stopped = exc  # Ctrl-C too: what was measured is kept, as after an engine's refusal
                     why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc).splitlines()[0]
@@ -364,7 +382,10 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                           concurrency=list(load.concurrency), repeats=load.repeats,
                           order="interleaved" if interleaved else "configuration-outer",
                           spread_limit=load.spread_limit, intra_op_threads=threads),
-        runs=runs, warnings=noted, incomplete=incomplete,
+        runs=runs, warnings=noted, incomplete=incomplete, plain=plain,
+        baseline=BaselineRef() if base_n is None else BaselineRef(
+            kind="drafter", id=Path(choice.path).resolve().name, n=base_n,
+            fingerprint=checkpoint_fingerprint(choice.path), method=detect_method(choice.path)),
     )
     line = no_acceptance(results)
     if line is not None:  # a broken drafter (NaN weights, another target) must not pass as "τ 1.00"

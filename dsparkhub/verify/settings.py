@@ -67,6 +67,8 @@ class VerifySettings:
         allow_beyond_context: measure even when a prompt plus ``max_new_tokens`` exceeds the target's context
             (``--max-model-len``, else its ``max_position_embeddings``); refused by default
             (:mod:`dsparkhub.verify.context`).
+        baseline: what speedups are measured against, ``--baseline``: ``none`` | ``mtp:N`` | ``PATH[@n]``
+            (:mod:`dsparkhub.verify.baseline`).
 
     The values are checked by ``run_verify`` before anything loads (``VerifyArgumentError``).
     """
@@ -87,6 +89,7 @@ class VerifySettings:
     baseline_url: str | None = None
     load: LoadOptions = field(default_factory=LoadOptions)
     allow_beyond_context: bool = False
+    baseline: str = "none"
 
 
 class VerifyArgumentError(DsparkhubError, ValueError):

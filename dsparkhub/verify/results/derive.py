@@ -38,8 +38,8 @@ from datetime import datetime, timezone
 
 from dsparkhub import __version__
 from dsparkhub.errors import ResultsError
-from dsparkhub.verify.results.schema import (METHODS, Baseline, Change, DatasetResult, EngineInfo, Latency, LoadRow,
-                                             Mismatch, ModelRef, RunResult, Settings, SummaryRow, VerifyResults)
+from dsparkhub.verify.results.schema import (METHODS, Baseline, BaselineRef, Change, DatasetResult, EngineInfo,
+                                             Latency, LoadRow, Mismatch, ModelRef, RunResult, Settings, SummaryRow, VerifyResults)
 from dsparkhub.verify.stats import RunStats
 
 
@@ -113,13 +113,24 @@ def _repeats(stats: RunStats | list[RunStats]) -> list[RunStats]:
     return reps
 
 
-def build_baseline(stats: RunStats | list[RunStats], concurrency: int = 1) -> Baseline:
-    """:class:`Baseline` from the run(s) without the drafter: one RunStats per repeat (medians of the timings)."""
+def build_baseline(stats: RunStats | list[RunStats], concurrency: int = 1, *, kind: str = "none",
+                   plain: RunStats | None = None) -> Baseline:
+    """:class:`Baseline` from the baseline's run(s): one RunStats per repeat (medians of the timings).
+
+    Args:
+        kind: the ``baseline.kind`` these runs measured (``none``: the target alone).
+        plain: for a speculative baseline with greedy decoding, an untimed run of the target alone on the same
+            prompts at the same concurrency; every repeat's outputs are checked against it (``lossless``).
+    """
     reps = _repeats(stats)
     tps = [s.tokens_per_s for s in reps]
+    mismatch = None
+    for s in reps if plain is not None else []:
+        mismatch = mismatch or first_mismatch(plain.outputs, s.outputs)
     return Baseline(prompts=len(reps[0].outputs), output_tokens=reps[0].output_tokens,
                     wall_s=float(statistics.median(s.wall_s for s in reps)), tokens_per_s=statistics.median(tps),
-                    concurrency=concurrency, tokens_per_s_repeats=tps, latency=latency_of(reps))
+                    concurrency=concurrency, tokens_per_s_repeats=tps, latency=latency_of(reps), kind=kind,
+                    lossless=(mismatch is None) if plain is not None else None, first_mismatch=mismatch)
 
 
 def assess_run(run: RunResult, settings: Settings) -> list[str]:
@@ -259,7 +270,8 @@ def load_rows(summary: list[SummaryRow], concurrencies: list[int]) -> tuple[list
 
 def build_results(*, engine: EngineInfo, method: str, target: ModelRef, drafter: ModelRef, settings: Settings,
                   runs: list[tuple], date: str | None = None, warnings: list[str] | None = None,
-                  incomplete: list[str] | None = None) -> VerifyResults:
+                  incomplete: list[str] | None = None, baseline: BaselineRef | None = None,
+                  plain: dict[str, dict[int, RunStats]] | None = None) -> VerifyResults:
     """Assemble a :class:`VerifyResults` from RunStats.
 
     Args:
@@ -271,6 +283,9 @@ def build_results(*, engine: EngineInfo, method: str, target: ModelRef, drafter:
         date: UTC ISO time; now when None.
         warnings: the warnings printed when the run started (stored as ``warnings``).
         incomplete: one sentence per configuration that could not be measured.
+        baseline: what the ``baselines`` runs measured (None: no speculation).
+        plain: for a speculative baseline, per dataset name and concurrency an untimed run of the target alone,
+            against which the baseline's greedy outputs are checked (:func:`build_baseline`).
 
     Lossless verdicts are computed only when ``settings.temperature == 0``.
 
@@ -284,24 +299,29 @@ def build_results(*, engine: EngineInfo, method: str, target: ModelRef, drafter:
     cs = sorted(settings.concurrency)
     settings = Settings(**{**asdict(settings), "num_speculative_tokens": ns, "concurrency": cs})
     datasets = []
+    baseline = baseline or BaselineRef()
+    plain = plain or {}
     for name, source, base, by_config in runs:
         if isinstance(base, RunStats):  # batch-1 shorthand
             base, by_config = {1: [base]}, {(n, 1): [s] for n, s in by_config.items()}
         datasets.append(DatasetResult(
             name=name, source=source,
-            baselines=[build_baseline(base[c], c) for c in cs if c in base],
+            baselines=[build_baseline(base[c], c, kind=baseline.kind,
+                                      plain=plain.get(name, {}).get(c) if greedy else None) for c in cs if c in base],
             runs=[build_run_result(n, by_config[n, c], base[c], check_lossless=greedy, concurrency=c,
                                    settings=settings)
                   for c in cs for n in ns if (n, c) in by_config and c in base]))
     summary, change = summarize(datasets, ns, cs)
     load, stops = load_rows(summary, cs)
-    lossless = _verdict([r.lossless for ds in datasets for r in ds.runs])
+    # a speculative baseline's own check counts too (a ``none`` baseline has none: its lossless is null)
+    lossless = _verdict([r.lossless for ds in datasets for r in ds.runs] +
+                        [b.lossless for ds in datasets for b in ds.baselines if b.lossless is not None])
     return VerifyResults(
         dsparkhub_version=__version__,
         date=date or datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
         method=method, engine=engine, target=target, drafter=drafter, settings=settings,
         datasets=datasets, summary=summary, change=change, lossless=lossless, warnings=list(warnings or []),
-        load=load, stops_paying_at=stops, incomplete=list(incomplete or []),
+        load=load, stops_paying_at=stops, incomplete=list(incomplete or []), baseline=baseline,
     )
 
 

@@ -19,13 +19,14 @@ from pydantic import TypeAdapter, ValidationError
 from dsparkhub.errors import ResultsError
 from dsparkhub.serving import ENGINES
 from dsparkhub.verify.results.derive import assess_run, conditional_acceptance, load_rows, summarize
-from dsparkhub.verify.results.schema import METHODS, ORDERS, SCHEMA, SCHEMA_V1, VerifyResults
+from dsparkhub.verify.results.schema import (BASELINE_KINDS, METHODS, ORDERS, SCHEMA, SCHEMA_V1,
+                                             SCHEMA_V2, VerifyResults)
 
 _ADAPTER = TypeAdapter(VerifyResults)
 
 
 def results_from_dict(data: Any, *, path: str | Path | None = None) -> VerifyResults:
-    """Build from a dict (schema /2, or /1 upgraded in memory), checking every key and every type.
+    """Build from a dict (schema /3, or /2 and /1 upgraded in memory), checking every key and every type.
 
     Raises:
         ResultsError: not a dict, unknown ``schema``, or keys missing, unexpected or wrongly typed (the message
@@ -34,13 +35,16 @@ def results_from_dict(data: Any, *, path: str | Path | None = None) -> VerifyRes
     if not isinstance(data, dict):
         raise _error([("<root>", "a JSON object", data)], path)
     schema = data.get("schema")
-    if schema not in (SCHEMA, SCHEMA_V1):
-        raise ResultsError(f"unknown results schema {schema!r}, expected {SCHEMA!r} (or {SCHEMA_V1!r})",
+    if schema not in (SCHEMA, SCHEMA_V2, SCHEMA_V1):
+        raise ResultsError(f"unknown results schema {schema!r}, expected {SCHEMA!r} (or {SCHEMA_V2!r}, "
+                           f"{SCHEMA_V1!r})",
                            path=path,
                            hint="this file was not written by `dsparkhub verify`, or by an incompatible version")
     v1 = schema == SCHEMA_V1
     if v1:
         data = _upgrade_v1(data)
+    elif schema == SCHEMA_V2:  # /3 only adds keys (the baseline's identity), whose defaults say no speculation
+        data = {**data, "schema": SCHEMA}
     try:
         out = _ADAPTER.validate_json(json.dumps(data))
     except ValidationError as exc:
@@ -50,6 +54,9 @@ def results_from_dict(data: Any, *, path: str | Path | None = None) -> VerifyRes
     if out.engine.backend not in ENGINES:
         raise ResultsError(f"key `engine.backend` is {out.engine.backend!r}, expected one of "
                            f"{', '.join(ENGINES)}", path=path)
+    if out.baseline.kind not in BASELINE_KINDS:
+        raise ResultsError(f"key `baseline.kind` is {out.baseline.kind!r}, expected one of "
+                           f"{', '.join(BASELINE_KINDS)}", path=path)
     if out.settings.order not in ORDERS:
         raise ResultsError(f"key `settings.order` is {out.settings.order!r}, expected one of "
                            f"{', '.join(ORDERS)}", path=path)
@@ -65,7 +72,7 @@ def results_from_dict(data: Any, *, path: str | Path | None = None) -> VerifyRes
 
 
 def read_results(path: str | Path) -> VerifyResults:
-    """Read and check a results file (schema /2 or /1).
+    """Read and check a results file (schema /3, /2 or /1).
 
     Raises:
         FileNotFoundError: the file does not exist.

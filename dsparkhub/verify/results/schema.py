@@ -1,7 +1,7 @@
-"""The schema ``dsparkhub.verify.results/2`` of one ``dsparkhub verify`` run: its pydantic dataclasses.
+"""The schema ``dsparkhub.verify.results/3`` of one ``dsparkhub verify`` run: its pydantic dataclasses.
 
 The dataclasses are strict (``extra="forbid"``): :mod:`dsparkhub.verify.results.reading` reports every missing,
-unexpected or wrongly typed key in one error naming its key path and upgrades ``/1`` files in memory;
+unexpected or wrongly typed key in one error naming its key path and upgrades ``/1`` and ``/2`` files in memory;
 :mod:`~dsparkhub.verify.results.derive` turns :class:`~dsparkhub.verify.stats.RunStats` into these objects (metric
 definitions there); :mod:`~dsparkhub.verify.results.table` renders them for the terminal. This module holds the
 types, their views and an atomic ``save``. It does not run engines (``runner``), read prompts (``prompts``) or
@@ -11,7 +11,7 @@ render cards (``card``); a model card is generated from these files only.
 =========================================  ===================  ====================================================
 key                                        type                 meaning
 =========================================  ===================  ====================================================
-schema                                     str                  ``"dsparkhub.verify.results/2"`` (``/1`` is read)
+schema                                     str                  ``"dsparkhub.verify.results/3"`` (``/1``, ``/2`` read)
 dsparkhub_version                          str                  version of dsparkhub that wrote the file
 date                                       str                  UTC ISO 8601 time the run finished
 method                                     str                  ``dspark`` | ``dflash`` | ``eagle3``
@@ -25,6 +25,9 @@ target.id                                  str                  Hub repo id (a l
 target.fingerprint                         str | null           :func:`target_fingerprint` of a local target
 drafter.id                                 str                  drafter folder name (or Hub repo / served name)
 drafter.fingerprint                        str | null           ``dsparkhub.io.hashing.checkpoint_fingerprint``
+baseline                              3    BaselineRef          what every speedup is measured against (/1, /2:
+                                                                ``{kind: none, id: "no speculation", n: null,
+                                                                fingerprint: null}``)
 settings.batch_size                        int                  1 (/1 files); /2: the largest concurrency
 settings.temperature                       float                sampling temperature (0 = greedy)
 settings.max_new_tokens                    int                  generation cap per prompt
@@ -44,8 +47,9 @@ settings.intra_op_threads             d    int | null           torch intra-op t
 datasets[].name                            str                  dataset name (file stem or given name)
 datasets[].source                          str                  where the prompts came from (``name.jsonl (sha256
                                                                 0123..)``, ``builtin:x``, ``hub:o/n:file``)
-datasets[].baselines[]                d    Baseline             the run without the drafter, one per concurrency
-                                                                (/1: its ``baseline`` at concurrency 1)
+datasets[].baselines[]                d    Baseline             the run of the baseline (``baseline``; without a
+                                                                drafter by default), one per concurrency (/1: its
+                                                                ``baseline`` at concurrency 1)
 datasets[].runs[]                          RunResult            one per (n, concurrency)
 summary[]                                  SummaryRow           one per (n, concurrency)
 change                                     dict | null          {from_n, to_n, tau_delta, speedup_delta} of the
@@ -66,7 +70,17 @@ warnings                                   list[str]            the warnings the
 
 ``Baseline`` (``datasets[].baselines[]``): ``concurrency`` (int), ``prompts``, ``output_tokens`` (int),
 ``wall_s`` (float, median over repeats), ``tokens_per_s`` (float, median), ``tokens_per_s_repeats`` (list[float],
-one per repeat, in order; /1: ``[tokens_per_s]``), ``latency`` (Latency | null).
+one per repeat, in order; /1: ``[tokens_per_s]``), ``latency`` (Latency | null); /3 adds ``kind`` (str, the
+top-level ``baseline.kind`` this record measured: ``none`` = no speculation; /1, /2: ``none``) and ``lossless``
+(bool | null: a speculative baseline's greedy outputs against the target alone, checked in its first repeat; null
+for ``none`` or temperature > 0) with ``first_mismatch`` (Mismatch | null).
+
+``BaselineRef`` (``baseline``, /3): ``kind`` (``none`` | ``mtp`` | ``drafter`` | ``results``), ``id`` (``no
+speculation``; ``mtp`` for the target's own MTP layers; the baseline drafter's folder name; a results file's name),
+``n`` (int | null: the baseline's num_speculative_tokens; null for ``none``), ``fingerprint`` (str | null: the
+baseline drafter's ``checkpoint_fingerprint``, a results file's sha256). Speedups are ``tokens/s / baseline
+tokens/s``; ``baseline_label`` names the baseline in tables, ``compare`` and the card (``no speculation``,
+``DFlash n=7``).
 
 ``Latency``: ``per_user_tokens_per_s_mean``, ``per_user_tokens_per_s_p50``, ``tpot_p50_ms``, ``tpot_p99_ms``,
 ``ttft_p50_ms`` (float | null each; null when the backend does not time requests; /1: the object is null).
@@ -110,8 +124,11 @@ from dsparkhub.errors import LosslessMismatchError
 from dsparkhub.io.output import replace_text
 from dsparkhub.serving import method_names
 
-SCHEMA = "dsparkhub.verify.results/2"
+SCHEMA = "dsparkhub.verify.results/3"
+SCHEMA_V2 = "dsparkhub.verify.results/2"
 SCHEMA_V1 = "dsparkhub.verify.results/1"
+#: what a speedup can be measured against (``verify --baseline``; ``BaselineRef.kind``)
+BASELINE_KINDS = ("none", "mtp", "drafter", "results")
 #: the methods a results file records (``dsparkhub.serving.METHODS``; an engine's names are read from
 #: ``dsparkhub.serving.ENGINES`` when a file is read, so an engine added there is accepted)
 METHODS = method_names()
@@ -200,6 +217,42 @@ class Baseline:
     concurrency: int = 1
     tokens_per_s_repeats: list[float] = field(default_factory=list)
     latency: Latency | None = None
+    # /3 (baseline branch): which baseline this record measured, and a speculative baseline's own lossless check
+    kind: str = "none"
+    lossless: bool | None = None
+    first_mismatch: Mismatch | None = None
+
+
+@dataclass(config=_STRICT)
+class BaselineRef:
+    """What every speedup of a file is measured against (schema /3, ``verify --baseline``).
+
+    Attributes:
+        kind: ``none`` (no speculation) | ``mtp`` (the target's own MTP layers) | ``drafter`` (another drafter) |
+            ``results`` (a second results file of the same target, engine and prompts).
+        id: ``no speculation`` | ``mtp`` | the baseline drafter's folder name (or its method and name) | the file.
+        n: the baseline's num_speculative_tokens (None for ``none``).
+        fingerprint: the baseline drafter's checkpoint fingerprint or a results file's sha256 (None otherwise).
+        method: the baseline drafter's method (``dflash``...), None for the others.
+    """
+
+    kind: str = "none"
+    id: str = "no speculation"
+    n: int | None = None
+    fingerprint: str | None = None
+    method: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The baseline in words, as tables and cards name it: ``no speculation``, ``DFlash n=7``, ``MTP n=2``."""
+        if self.kind == "none":
+            return "no speculation"
+        if self.kind == "mtp":
+            return f"MTP n={self.n}"
+        if self.kind == "drafter":
+            name = {"dflash": "DFlash", "dspark": "DSpark", "eagle3": "EAGLE-3"}.get(self.method or "", self.id)
+            return f"{name} n={self.n}"
+        return f"{self.id}" + (f" n={self.n}" if self.n is not None else "")
 
 
 @dataclass(config=_STRICT)
@@ -326,9 +379,16 @@ class VerifyResults:
     load: list[LoadRow] = field(default_factory=list)
     stops_paying_at: int | None = None
     incomplete: list[str] = field(default_factory=list)
+    # /3 (baseline branch): what the speedups are measured against; /1, /2 files read as no speculation
+    baseline: BaselineRef = field(default_factory=BaselineRef)
     schema: str = SCHEMA
 
     # -- views ---------------------------------------------------------------------------------------------------
+
+    @property
+    def speedup_label(self) -> str:
+        """``speedup vs <baseline>``: how every table, ``compare`` and the card head a speedup column."""
+        return f"speedup vs {self.baseline.label}"
 
     def summary_at(self, concurrency: int | None = None) -> list[SummaryRow]:
         """Summary rows at ``concurrency`` (None: the lowest measured), ascending n."""
@@ -370,7 +430,7 @@ class VerifyResults:
         """A :class:`LosslessMismatchError` describing the first mismatch, or None when every run was lossless."""
         hit = self.first_mismatch()
         if hit is None:
-            return None
+            return self._baseline_lossless_error()
         name, run = hit
         m = run.first_mismatch
         assert m is not None  # set together with lossless=False by build_run_result
@@ -383,6 +443,21 @@ class VerifyResults:
             hint="the speculative path is not lossless: check the drafter's block layout (anchor-first vs 1+N) and "
                  "the engine's verify step; the results file records lossless=false",
         )
+
+    def _baseline_lossless_error(self) -> LosslessMismatchError | None:
+        """The error for a speculative baseline whose greedy outputs differ from the target alone, or None."""
+        for ds in self.datasets:
+            for b in ds.baselines:
+                if b.lossless is False and b.first_mismatch is not None:
+                    m = b.first_mismatch
+                    return LosslessMismatchError(
+                        f"greedy output of the baseline {self.baseline.label} (concurrency {b.concurrency}) differs "
+                        f"from the target alone on dataset {ds.name!r}, prompt {m.prompt_index}, output position "
+                        f"{m.position}: expected token {_tok(m.expected)}, found {_tok(m.found)}",
+                        dataset=ds.name, prompt_index=m.prompt_index, position=m.position, expected=m.expected,
+                        found=m.found, hint="the baseline drafter is not lossless on this engine; the results file "
+                                            "records it under datasets[].baselines[].lossless")
+        return None
 
     # -- (de)serialisation ----------------------------------------------------------------------------------------
 

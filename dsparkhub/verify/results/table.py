@@ -19,7 +19,8 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def format_summary_table(results: VerifyResults) -> str:
-    """A plain-text table per concurrency, dataset rows x n: ``τ / speedup / lossless``, plus the unweighted mean
+    """A line naming the baseline of every speedup (``... vs no speculation``), then a plain-text table per
+    concurrency, dataset rows x n: ``τ / speedup / lossless``, plus the unweighted mean
     row; an unreliable speedup carries ``?`` and its reason is listed below; with several concurrencies, a load
     table (tokens/s, per-user tokens/s, TPOT, TTFT, best n) follows.
 
@@ -30,6 +31,11 @@ def format_summary_table(results: VerifyResults) -> str:
     verdict = {True: "ok", False: "FAIL", None: "n/a"}
     out: list[str] = []
     reasons: list[str] = []
+    out.append(f"speedups below are vs {results.baseline.label} (same prompts, same concurrency)")
+    checked = [b.lossless for ds in results.datasets for b in ds.baselines if b.lossless is not None]
+    if checked:  # a speculative baseline: its own greedy outputs against the target alone
+        out.append(f"baseline {results.baseline.label} lossless against the target alone: "
+                   f"{'ok' if all(checked) else 'FAIL'}")
     for c in cs:
         head = ["dataset" if len(cs) == 1 else f"dataset @ concurrency {c}"] + \
             [f"n={n}: tau / speedup / lossless" for n in ns]
@@ -64,7 +70,8 @@ def format_summary_table(results: VerifyResults) -> str:
 def load_table(results: VerifyResults) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the serving-load view: per concurrency and configuration (baseline, each n) the unweighted
     means over datasets of total tokens/s, per-user tokens/s (mean), TPOT p50 / p99, TTFT p50 (ms), τ and speedup."""
-    head = ["concurrency", "config", "tok/s", "user tok/s", "TPOT p50/p99 ms", "TTFT p50 ms", "tau", "speedup"]
+    head = ["concurrency", "config", "tok/s", "user tok/s", "TPOT p50/p99 ms", "TTFT p50 ms", "tau",
+            results.speedup_label]
     rows = []
 
     def lat(items, key):
