@@ -260,6 +260,21 @@ def test_dflash_example_agrees_with_reference_engine(example):
     assert v_spec.tau > 1.5, "the trained DFlash drafter should draft well under vLLM too"
     assert abs(v_spec.tau - r_spec.tau) <= 0.05 * r_spec.tau
     assert max(abs(a - b) for a, b in zip(v_spec.per_position_acceptance, r_spec.per_position_acceptance)) <= 0.08
+    # vLLM's own per-request figures (issue 25): --per-request-spec-decode-metrics and RequestOutput.metrics, read
+    # in the same run (no extra engine start); they add up to vLLM's aggregate counters
+    from dsparkhub.verify.results.derive import build_run_result, latency_of
+
+    assert len(v_spec.request_drafts) == len(prompts) and sum(v_spec.request_drafts) == v_spec.num_drafts
+    assert sum(v_spec.request_accepted) == v_spec.num_accepted_tokens
+    assert v_base.request_drafts is None and len(v_base.latency_s) == len(prompts)  # no drafter: timings only
+    assert all(0 < f <= e for f, e in zip(v_spec.ttft_s, v_spec.latency_s))
+    run = build_run_result(n, v_spec, v_base, check_lossless=True)
+    assert run.request_tau == pytest.approx(sum(run.per_request.tau) / len(prompts))
+    assert run.latency.tpot_p50_ms <= run.latency.tpot_p95_ms <= run.latency.tpot_p99_ms
+    assert run.latency_speedup.e2e_p50 == pytest.approx(latency_of([v_base]).e2e_p50_ms / run.latency.e2e_p50_ms)
+    print(f"per request: tau token-weighted {run.tau:.3f}, request-weighted {run.request_tau:.3f}; "
+          f"TPOT p50/p95/p99 speedup {run.latency_speedup.tpot_p50:.2f}/{run.latency_speedup.tpot_p95:.2f}/"
+          f"{run.latency_speedup.tpot_p99:.2f}x, E2E p50 {run.latency_speedup.e2e_p50:.2f}x")
 
 
 # ------------------------------------------------------------------------------------------------- DSpark
