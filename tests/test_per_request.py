@@ -104,14 +104,17 @@ def test_speed_bench_run_yields_the_category_matrix(speed_results):
 
 
 def test_v2_file_without_per_request_fields_still_reads(speed_results):
-    data = res_dict = speed_results.to_dict()
-    res_dict.pop("categories")
+    data = speed_results.to_dict()
+    data.pop("categories")
     for ds in data["datasets"]:
         for r in ds["runs"]:
             for key in ("request_tau", "per_request", "latency_speedup"):
                 r.pop(key)
     again = results_from_dict(data)
-    assert again.categories == [] and again.datasets[0].runs[0].request_tau is None
+    assert again.datasets[0].runs[0].request_tau is None and again.datasets[0].runs[0].per_request is None
+    # the matrix of a file older than it is derived on reading, without the request-weighted τ
+    assert [(r.category, r.tau, r.request_tau) for r in again.categories] == \
+        [(r.category, r.tau, None) for r in speed_results.categories]
 
 
 def test_card_shows_request_weighted_tau_latency_speedups_and_categories(tmp_path):
@@ -148,3 +151,22 @@ def test_card_shows_request_weighted_tau_latency_speedups_and_categories(tmp_pat
     # τ (2.75 + 2.00) / 2 and (2.50 + 2.00) / 2; E2E p50 510 / 260 ms, p95 690 / 305, p99 706 / 309
     assert "| 1 | n=3 | 2.38 | 2.25 | 1.78x / 1.52x / 1.50x | 1.96x / 2.26x / 2.28x |" in text
     assert "Per SPEED-Bench category" in text and "| math | 2.75 / 2.00x |" in text and "| chat | 2.00 / 2.00x |" in text
+
+
+def test_vllm_child_reads_request_output_figures():
+    """The vLLM child's reading of one finished ``RequestOutput`` (vLLM 0.32 ``RequestSpecDecodeMetrics`` histogram,
+    ``RequestStateStats`` timestamps), and the backend keeps per-request fields only when every request has them."""
+    from types import SimpleNamespace as NS
+
+    from dsparkhub.verify.vllm.child import _request_figures
+    from dsparkhub.verify.vllm.offline import request_fields
+
+    out = NS(outputs=[NS(spec_decode_metrics=NS(histogram=[2, 1, 3]))],
+             metrics=NS(first_token_latency=0.05, first_token_ts=10.0, last_token_ts=10.2))
+    fig = _request_figures(out)
+    assert (fig["drafts"], fig["accepted"]) == (6, 7) and fig["e2e_s"] == pytest.approx(0.25)
+    bare = _request_figures(NS(outputs=[NS()], metrics=None))
+    assert bare == {"drafts": None, "accepted": None, "ttft_s": None, "e2e_s": None}
+    assert request_fields([fig, fig]) == {"request_drafts": [6, 6], "request_accepted": [7, 7],
+                                          "ttft_s": [0.05, 0.05], "latency_s": [fig["e2e_s"]] * 2}
+    assert request_fields([fig, bare]) == {} and request_fields(None) == {}

@@ -21,7 +21,9 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 def format_summary_table(results: VerifyResults) -> str:
     """A plain-text table per concurrency, dataset rows x n: ``τ / speedup / lossless``, plus the unweighted mean
     row; an unreliable speedup carries ``?`` and its reason is listed below; with several concurrencies, a load
-    table (tokens/s, per-user tokens/s, TPOT, TTFT, best n) follows.
+    table (tokens/s, per-user tokens/s, TPOT, TTFT, best n) follows; with per-request figures, the token- vs
+    request-weighted τ and TPOT / E2E percentile speedups (:func:`request_table`); with SPEED-Bench categories, the
+    category matrix (:func:`category_table`).
 
     The CLI prints it after ``dsparkhub verify``; library code never prints.
     """
