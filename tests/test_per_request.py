@@ -96,6 +96,7 @@ def test_speed_bench_run_yields_the_category_matrix(speed_results):
     for row in res.categories:
         run = next(ds for ds in res.datasets if ds.name == row.dataset).run(2, row.concurrency)
         assert (row.tau, row.request_tau, row.speedup, row.prompts) == (run.tau, run.request_tau, run.speedup, 3)
+        assert row.speedup_reliable == (not run.unreliable)
     again = results_from_dict(json.loads(json.dumps(res.to_dict())))  # round trip through the strict reader
     assert again.categories == res.categories and again.datasets[0].runs[0].per_request == \
         res.datasets[0].runs[0].per_request

@@ -78,6 +78,7 @@ class CategoryRow:
     tau: float | None
     request_tau: float | None
     speedup: float | None
+    speedup_reliable: bool = True  # False: the run's ``unreliable`` lists why the speedup is not to be trusted
 
 
 def per_request_of(stats: RunStats) -> PerRequest | None:
@@ -144,5 +145,5 @@ def category_rows(datasets) -> list[CategoryRow]:
         for r in sorted(ds.runs, key=lambda r: (r.concurrency, r.num_speculative_tokens)):
             rows.append(CategoryRow(category=cat, dataset=ds.name, num_speculative_tokens=r.num_speculative_tokens,
                                     concurrency=r.concurrency, prompts=r.prompts, tau=r.tau,
-                                    request_tau=r.request_tau, speedup=r.speedup))
+                                    request_tau=r.request_tau, speedup=r.speedup, speedup_reliable=r.reliable))
     return rows

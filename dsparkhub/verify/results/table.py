@@ -111,11 +111,11 @@ def request_table(results: VerifyResults) -> tuple[list[str], list[list[str]]]:
 
 def category_table(results: VerifyResults) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the SPEED-Bench category matrix: per category, one ``τ / speedup`` cell per (n,
-    concurrency)."""
+    concurrency); an unreliable speedup carries ``?`` (its reason is listed under the summary table)."""
     keys = sorted({(r.concurrency, r.num_speculative_tokens) for r in results.categories})
     head = ["category"] + [f"n={n} @{c}: tau / speedup" for c, n in keys]
     cells: dict[str, dict] = {}
     for r in results.categories:
         cells.setdefault(r.category, {})[r.concurrency, r.num_speculative_tokens] = \
-            f"{_fmt(r.tau)} / {_fmt(r.speedup, '.2f', 'x')}"
+            f"{_fmt(r.tau)} / {_fmt(r.speedup, '.2f', 'x')}{'' if r.speedup_reliable else '?'}"
     return head, [[cat] + [by.get(k, "-") for k in keys] for cat, by in cells.items()]
