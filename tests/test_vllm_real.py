@@ -195,7 +195,8 @@ def test_dflash_server_backend_against_real_vllm_serve(tiny, tmp_path):
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                              str(tiny["target"]), "--port", str(port), "--skip-tokenizer-init", "--enforce-eager",
-                             "--max-model-len", "512", "--dtype", "float32", "--speculative-config", spec],
+                             "--max-model-len", "512", "--dtype", "float32", "--speculative-config", spec,
+                             "--per-request-spec-decode-metrics", "summary", "--enable-per-request-metrics"],
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV}, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -225,6 +226,9 @@ def test_dflash_server_backend_against_real_vllm_serve(tiny, tmp_path):
         assert stats.outputs == tiny["offline"]["outputs"], "server and offline vLLM disagree on greedy outputs"
     assert stats.num_drafts > 0 and stats.num_draft_tokens == 7 * stats.num_drafts
     assert len(stats.accepted_per_pos) == 7 and stats.wall_s > 0
+    # each response's own metrics (issue 25) add up to the server's /metrics deltas
+    assert sum(stats.request_drafts) == stats.num_drafts and sum(stats.request_accepted) == stats.num_accepted_tokens
+    assert all(0 < f < e for f, e in zip(stats.ttft_s, stats.latency_s)) and len(stats.latency_s) == len(prompts)
 
 
 def _example_prompts(example, count: int) -> list[list[int]]:
