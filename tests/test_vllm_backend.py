@@ -483,6 +483,7 @@ class _FakeServer(FakeHTTPServer):
         self.n, self.accept = n, accept
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0] * (n or 0)
+        self.per_request = False  # answer with the response ``metrics`` of vLLM's per-request flags
         super().__init__()
 
     def get(self, path):
@@ -503,7 +504,14 @@ class _FakeServer(FakeHTTPServer):
             for k in range(self.accept):
                 self.per_pos[k] += len(ids)
         choice = {"index": 0, "text": "", "token_ids": ids if body.get("return_token_ids") else None}
-        return 200, json.dumps({"choices": [choice]}), "application/json"
+        reply = {"choices": [choice]}
+        if self.per_request:  # vLLM 0.32 PerRequestMetrics (--per-request-spec-decode-metrics, per-request timing)
+            reply["metrics"] = {"time_to_first_token_ms": 5.0, "generation_time_ms": 10.0 * len(ids),
+                                "queue_time_ms": 1.0}
+            if self.n:
+                reply["metrics"]["speculative_decoding"] = {"num_spec_steps": len(ids),
+                                                            "num_accepted_draft_tokens": len(ids) * self.accept - 1}
+        return 200, json.dumps(reply), "application/json"
 
     def metrics(self) -> str:
         lines = ['vllm:prompt_tokens_total{engine="0",model_name="tiny-target"} 12.0']
@@ -542,6 +550,23 @@ def test_server_backend_measures_deltas(servers):
     req = spec.requests[0]
     assert req == {"model": "tiny-target", "prompt": [1, 2, 3], "max_tokens": 6, "temperature": 0.0, "seed": 0,
                    "ignore_eos": True, "return_token_ids": True}
+
+
+def test_server_backend_reads_the_responses_own_per_request_metrics(servers):
+    """With the server's per-request flags, each response's ``metrics`` gives the request's τ and latency as vLLM
+    reports them (the stand-in reports one accepted token fewer than its /metrics counters: read, not re-derived);
+    without them, run totals only."""
+    spec, base = servers
+    backend = VllmServerBackend(spec.url, baseline_url=base.url, ignore_eos=True)
+    plain = backend.run([[1, 2, 3]], num_speculative_tokens=5, max_new_tokens=4)
+    assert plain.request_drafts is None and plain.ttft_s is None
+    spec.per_request = base.per_request = True
+    s = backend.run([[1, 2, 3], [4, 5]], num_speculative_tokens=5, max_new_tokens=6)
+    b = backend.run([[1, 2, 3], [4, 5]], num_speculative_tokens=None, max_new_tokens=6)
+    assert s.request_drafts == [6, 6] and s.request_accepted == [11, 11] and s.num_accepted_tokens == 24
+    assert s.request_taus == [pytest.approx(1 + 11 / 6)] * 2
+    assert s.ttft_s == [pytest.approx(0.006)] * 2 and s.latency_s == [pytest.approx(0.066)] * 2
+    assert b.request_drafts is None and b.latency_s == [pytest.approx(0.066)] * 2
 
 
 def test_server_backend_errors(servers):

@@ -195,7 +195,8 @@ def test_dflash_server_backend_against_real_vllm_serve(tiny, tmp_path):
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                              str(tiny["target"]), "--port", str(port), "--skip-tokenizer-init", "--enforce-eager",
-                             "--max-model-len", "512", "--dtype", "float32", "--speculative-config", spec],
+                             "--max-model-len", "512", "--dtype", "float32", "--speculative-config", spec,
+                             "--per-request-spec-decode-metrics", "summary", "--enable-per-request-metrics"],
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV}, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -225,6 +226,9 @@ def test_dflash_server_backend_against_real_vllm_serve(tiny, tmp_path):
         assert stats.outputs == tiny["offline"]["outputs"], "server and offline vLLM disagree on greedy outputs"
     assert stats.num_drafts > 0 and stats.num_draft_tokens == 7 * stats.num_drafts
     assert len(stats.accepted_per_pos) == 7 and stats.wall_s > 0
+    # each response's own metrics (issue 25) add up to the server's /metrics deltas
+    assert sum(stats.request_drafts) == stats.num_drafts and sum(stats.request_accepted) == stats.num_accepted_tokens
+    assert all(0 < f < e for f, e in zip(stats.ttft_s, stats.latency_s)) and len(stats.latency_s) == len(prompts)
 
 
 def _example_prompts(example, count: int) -> list[list[int]]:
@@ -260,6 +264,21 @@ def test_dflash_example_agrees_with_reference_engine(example):
     assert v_spec.tau > 1.5, "the trained DFlash drafter should draft well under vLLM too"
     assert abs(v_spec.tau - r_spec.tau) <= 0.05 * r_spec.tau
     assert max(abs(a - b) for a, b in zip(v_spec.per_position_acceptance, r_spec.per_position_acceptance)) <= 0.08
+    # vLLM's own per-request figures (issue 25): --per-request-spec-decode-metrics and RequestOutput.metrics, read
+    # in the same run (no extra engine start); they add up to vLLM's aggregate counters
+    from dsparkhub.verify.results.derive import build_run_result, latency_of
+
+    assert len(v_spec.request_drafts) == len(prompts) and sum(v_spec.request_drafts) == v_spec.num_drafts
+    assert sum(v_spec.request_accepted) == v_spec.num_accepted_tokens
+    assert v_base.request_drafts is None and len(v_base.latency_s) == len(prompts)  # no drafter: timings only
+    assert all(0 < f <= e for f, e in zip(v_spec.ttft_s, v_spec.latency_s))
+    run = build_run_result(n, v_spec, v_base, check_lossless=True)
+    assert run.request_tau == pytest.approx(sum(run.per_request.tau) / len(prompts))
+    assert run.latency.tpot_p50_ms <= run.latency.tpot_p95_ms <= run.latency.tpot_p99_ms
+    assert run.latency_speedup.e2e_p50 == pytest.approx(latency_of([v_base]).e2e_p50_ms / run.latency.e2e_p50_ms)
+    print(f"per request: tau token-weighted {run.tau:.3f}, request-weighted {run.request_tau:.3f}; "
+          f"TPOT p50/p95/p99 speedup {run.latency_speedup.tpot_p50:.2f}/{run.latency_speedup.tpot_p95:.2f}/"
+          f"{run.latency_speedup.tpot_p99:.2f}x, E2E p50 {run.latency_speedup.e2e_p50:.2f}x")
 
 
 # ------------------------------------------------------------------------------------------------- DSpark

@@ -221,6 +221,7 @@ def section(res: VerifyResults, plots: tuple[str, ...], *, target: str) -> dict[
         "unreliable": unreliable, "incomplete": res.incomplete,
         "concurrency": s.concurrency, "repeats": s.repeats, "order": s.order,
         "load": _load_context(res), "setup": setup_line(res),
+        "requests": _request_context(res), "categories": _category_context(res),
         "plot_concurrency": plots[2] if len(plots) > 2 and len(s.concurrency) > 1 else None,
     }
 
@@ -237,6 +238,27 @@ def _load_context(res: VerifyResults) -> dict[str, Any] | None:
             "best": [{"concurrency": r.concurrency, "n": r.best_n, "speedup": fmt(r.best_speedup, suffix="x"),
                       "text": recommendation(res, r.concurrency)["text"]} for r in res.load],
             "stops_paying_at": res.stops_paying_at}
+
+
+def _request_context(res: VerifyResults) -> dict[str, Any] | None:
+    """Token- vs request-weighted τ and the TPOT / E2E percentile speedups (``results.table.request_table``), or
+    None when the file has no per-request figures (older files, untimed backends)."""
+    from dsparkhub.verify.results.table import request_table
+
+    if all(r.mean_request_tau is None and r.mean_latency_speedup is None for r in res.summary):
+        return None
+    head, rows = request_table(res)
+    return {"head": head, "rows": rows}
+
+
+def _category_context(res: VerifyResults) -> dict[str, Any] | None:
+    """The SPEED-Bench category matrix (``results.table.category_table``), or None without categories."""
+    from dsparkhub.verify.results.table import category_table
+
+    if not res.categories:
+        return None
+    head, rows = category_table(res)
+    return {"head": head, "rows": rows}
 
 
 def card_data(results: list[VerifyResults], *, name: str, base_model: str | None, license: dict[str, str],

@@ -32,6 +32,10 @@ class RunStats:
         ttft_s: per prompt, seconds from the request's start to its first output token (None: not timed).
         latency_s: per prompt, seconds from the request's start to its last output token (None: not timed).
         concurrency: requests that were in flight together (1 = one at a time).
+        request_drafts: per prompt, verify steps that carried drafts (None: the engine does not report requests).
+        request_accepted: per prompt, draft tokens accepted (bonus excluded); with ``request_drafts`` this gives the
+            per-request τ = 1 + accepted / drafts that request-weighted means average (vLLM 0.32
+            ``RequestSpecDecodeMetrics``; never re-derived from outputs where the engine reports it).
     """
 
     outputs: list[list[int]]
@@ -46,6 +50,8 @@ class RunStats:
     ttft_s: list[float] | None = None
     latency_s: list[float] | None = None
     concurrency: int = 1
+    request_drafts: list[int] | None = None
+    request_accepted: list[int] | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -61,6 +67,13 @@ class RunStats:
     def tau(self) -> float | None:
         """Acceptance length τ = 1 + accepted / drafts (includes the bonus token); None without drafts."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+    @property
+    def request_taus(self) -> list[float | None] | None:
+        """Per prompt τ = 1 + accepted / drafts (None for a request without drafts); None when not reported."""
+        if self.request_drafts is None or self.request_accepted is None:
+            return None
+        return [1.0 + a / d if d else None for d, a in zip(self.request_drafts, self.request_accepted)]
 
     @property
     def per_position_acceptance(self) -> list[float]:

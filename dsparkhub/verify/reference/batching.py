@@ -144,6 +144,7 @@ class _Request:
         self.pending = 0
         self.pos = len(prompt)  # position of the pending token
         self.t_start = self.t_first = self.t_end = 0.0
+        self.drafts = self.accepted = 0  # this request's verify steps with drafts, draft tokens accepted
 
 
 def run_batched(engine, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
@@ -245,7 +246,8 @@ def run_batched(engine, prompts: list[list[int]], *, num_speculative_tokens: int
                     draft_s=None, verify_s=None, ttft_s=[r.t_first - r.t_start for r in done],
                     latency_s=[r.t_end - r.t_start for r in done], concurrency=concurrency,
                     **{k: counters[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")},
-                    steps=counters["steps"])
+                    steps=counters["steps"], request_drafts=[r.drafts for r in done],
+                    request_accepted=[r.accepted for r in done])
 
 
 def _target_forward(engine, batch: _Batch, tokens: torch.Tensor, positions: torch.Tensor, hidden: bool):
@@ -370,6 +372,8 @@ def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperatur
         counters["num_drafts"] += 1
         counters["num_draft_tokens"] += k
         counters["num_accepted_tokens"] += acc
+        req.drafts += 1
+        req.accepted += acc
         for j in range(acc):
             accepted_per_pos[j] += 1
     acc_t = torch.tensor(accepted, device=dev)

@@ -75,6 +75,8 @@ class _Counters:
     steps: int = 0
     recorder: object | None = None  # a ``calibration.ConfidenceRecorder`` (its ``record`` method); None in warm-up
     prompt: int = 0
+    request_drafts: list[int] = field(default_factory=list)  # per prompt, filled by ``_run``
+    request_accepted: list[int] = field(default_factory=list)
 
 
 class ReferenceEngine:
@@ -230,6 +232,7 @@ class ReferenceEngine:
             if temperature > 0:
                 gen = torch.Generator(device=self._device).manual_seed(seed + i)
             counters.prompt = i
+            drafts0, accepted0 = counters.num_drafts, counters.num_accepted_tokens
             self._sync()
             t0 = time.perf_counter()
             outputs.append(self._generate(prompt, n, max_new_tokens, temperature, gen, counters))
@@ -237,12 +240,15 @@ class ReferenceEngine:
             wall += time.perf_counter() - t0
             ttft.append(self._first_token_at - t0)
             latency.append(time.perf_counter() - t0)
+            counters.request_drafts.append(counters.num_drafts - drafts0)
+            counters.request_accepted.append(counters.num_accepted_tokens - accepted0)
             if progress:
                 progress(1)
         return RunStats(ttft_s=ttft, latency_s=latency, outputs=outputs, wall_s=wall, num_drafts=counters.num_drafts,
                         num_draft_tokens=counters.num_draft_tokens, num_accepted_tokens=counters.num_accepted_tokens,
                         accepted_per_pos=counters.accepted_per_pos if n else [],
-                        draft_s=counters.draft_s if n else 0.0, verify_s=counters.verify_s, steps=counters.steps)
+                        draft_s=counters.draft_s if n else 0.0, verify_s=counters.verify_s, steps=counters.steps,
+                        request_drafts=counters.request_drafts, request_accepted=counters.request_accepted)
 
     # -- internals ------------------------------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ Metric definitions (FORMATS.md §8, vLLM 0.32 ``v1/spec_decode/metrics.py``, ``v
   --max-concurrency`` drives a server);
 - per-user tokens/s = one request's output tokens / its end-to-end seconds; TTFT = seconds from the request's start
   to its first token; TPOT = (end-to-end - TTFT) / (output tokens - 1) (vLLM ``benchmarks/serve.py``); percentiles
-  over every request of every repeat;
+  over every request of every repeat (p50 / p95 / p99 of TPOT and E2E); per-request τ, the request-weighted τ and
+  the percentile speedups: :mod:`dsparkhub.verify.results.per_request`;
 - speedup = tokens/s with the drafter / tokens/s without it, same prompts, same settings, same concurrency; with
   ``repeats`` > 1 baseline and drafter runs are interleaved (baseline, n1, n2, ..., baseline, n1, ...) and the
   speedup is the median of the per-repeat ratios;
@@ -38,8 +39,11 @@ from datetime import datetime, timezone
 
 from dsparkhub import __version__
 from dsparkhub.errors import ResultsError
+from dsparkhub.verify.results.per_request import (category_rows, latency_speedup, mean_latency_speedup,
+                                                  per_request_of, request_weighted_tau)
 from dsparkhub.verify.results.schema import (METHODS, Baseline, BaselineRef, Change, DatasetResult, EngineInfo,
-                                             Latency, LoadRow, Mismatch, ModelRef, RunResult, Settings, SummaryRow, VerifyResults)
+                                             Latency, LoadRow, Mismatch, ModelRef, RunResult, Settings, SummaryRow,
+                                             VerifyResults)
 from dsparkhub.verify.stats import RunStats
 
 
@@ -87,12 +91,13 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def latency_of(repeats: list[RunStats]) -> Latency | None:
     """Per-request figures pooled over repeats (vLLM ``benchmarks/serve.py`` definitions), None when untimed."""
-    per_user, tpot, ttft = [], [], []
+    per_user, tpot, ttft, e2e = [], [], [], []
     for st in repeats:
         if st.latency_s is None:
             continue
         for i, (out, lat) in enumerate(zip(st.outputs, st.latency_s)):
             first = st.ttft_s[i] if st.ttft_s is not None else None
+            e2e.append(lat * 1000)
             if lat > 0:
                 per_user.append(len(out) / lat)
             if first is not None:
@@ -103,7 +108,9 @@ def latency_of(repeats: list[RunStats]) -> Latency | None:
         return None
     return Latency(per_user_tokens_per_s_mean=sum(per_user) / len(per_user) if per_user else None,
                    per_user_tokens_per_s_p50=_percentile(per_user, 50), tpot_p50_ms=_percentile(tpot, 50),
-                   tpot_p99_ms=_percentile(tpot, 99), ttft_p50_ms=_percentile(ttft, 50))
+                   tpot_p99_ms=_percentile(tpot, 99), ttft_p50_ms=_percentile(ttft, 50),
+                   tpot_p95_ms=_percentile(tpot, 95), e2e_p50_ms=_percentile(e2e, 50),
+                   e2e_p95_ms=_percentile(e2e, 95), e2e_p99_ms=_percentile(e2e, 99))
 
 
 def _repeats(stats: RunStats | list[RunStats]) -> list[RunStats]:
@@ -130,7 +137,8 @@ def build_baseline(stats: RunStats | list[RunStats], concurrency: int = 1, *, ki
     return Baseline(prompts=len(reps[0].outputs), output_tokens=reps[0].output_tokens,
                     wall_s=float(statistics.median(s.wall_s for s in reps)), tokens_per_s=statistics.median(tps),
                     concurrency=concurrency, tokens_per_s_repeats=tps, latency=latency_of(reps), kind=kind,
-                    lossless=(mismatch is None) if plain is not None else None, first_mismatch=mismatch)
+                    lossless=(mismatch is None) if plain is not None else None, first_mismatch=mismatch,
+                    per_request=per_request_of(reps[0]))
 
 
 def assess_run(run: RunResult, settings: Settings) -> list[str]:
@@ -202,7 +210,10 @@ def build_run_result(n: int, spec: RunStats | list[RunStats], baseline: RunStats
         speedup_repeats=ratios,
         speedup_spread=spread,
         latency=latency_of(reps),
+        per_request=per_request_of(first),
+        latency_speedup=latency_speedup(latency_of(base), latency_of(reps)),
     )
+    run.request_tau = request_weighted_tau(run.per_request)
     run.unreliable = assess_run(run, settings or Settings(0.0, 1, 0, [n]))
     return run
 
@@ -236,7 +247,9 @@ def summarize(datasets: list[DatasetResult], ns: list[int],
                 mean_baseline_tokens_per_s=mean_of([b.tokens_per_s for b in bases if b is not None]),
                 mean_per_user_tokens_per_s=mean_of([r.latency.per_user_tokens_per_s_mean for _, r in runs
                                                   if r.latency is not None]),
-                unreliable=[f"{ds.name}: {why}" for ds, r in runs for why in r.unreliable]))
+                unreliable=[f"{ds.name}: {why}" for ds, r in runs for why in r.unreliable],
+                mean_request_tau=mean_of([r.request_tau for _, r in runs]),
+                mean_latency_speedup=mean_latency_speedup([r.latency_speedup for _, r in runs])))
     change = None
     first = [r for r in rows if r.concurrency == (concurrencies or [1])[0]]
     if len(first) >= 2:
@@ -322,6 +335,7 @@ def build_results(*, engine: EngineInfo, method: str, target: ModelRef, drafter:
         method=method, engine=engine, target=target, drafter=drafter, settings=settings,
         datasets=datasets, summary=summary, change=change, lossless=lossless, warnings=list(warnings or []),
         load=load, stops_paying_at=stops, incomplete=list(incomplete or []), baseline=baseline,
+        categories=category_rows(datasets),
     )
 
 

@@ -19,6 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from dsparkhub.errors import ResultsError
 from dsparkhub.serving import ENGINES
 from dsparkhub.verify.results.derive import assess_run, conditional_acceptance, load_rows, summarize
+from dsparkhub.verify.results.per_request import category_rows
 from dsparkhub.verify.results.schema import (BASELINE_KINDS, METHODS, ORDERS, SCHEMA, SCHEMA_V1,
                                              SCHEMA_V2, VerifyResults)
 
@@ -68,6 +69,8 @@ def results_from_dict(data: Any, *, path: str | Path | None = None) -> VerifyRes
         out.summary, out.change = summarize(out.datasets, out.settings.num_speculative_tokens,
                                             out.settings.concurrency)
         out.load, out.stops_paying_at = load_rows(out.summary, out.settings.concurrency)
+    if not out.categories and "categories" not in data:  # a file older than the matrix: derive it (issue 25)
+        out.categories = category_rows(out.datasets)
     return out
 
 

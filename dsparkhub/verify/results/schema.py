@@ -66,6 +66,8 @@ incomplete                            d    list[str]            configurations n
 warnings                                   list[str]            the warnings the run printed: validation and
                                                                 prompts (``[DSH401] ...``) when it started; no
                                                                 draft token accepted (``derive.no_acceptance``)
+categories[]                          d    CategoryRow          SPEED-Bench runs: one per category x n x
+                                                                concurrency (``per_request``); ``[]`` otherwise
 =========================================  ===================  ====================================================
 
 ``Baseline`` (``datasets[].baselines[]``): ``concurrency`` (int), ``prompts``, ``output_tokens`` (int),
@@ -83,7 +85,14 @@ tokens/s``; ``baseline_label`` names the baseline in tables, ``compare`` and the
 ``DFlash n=7``).
 
 ``Latency``: ``per_user_tokens_per_s_mean``, ``per_user_tokens_per_s_p50``, ``tpot_p50_ms``, ``tpot_p99_ms``,
-``ttft_p50_ms`` (float | null each; null when the backend does not time requests; /1: the object is null).
+``ttft_p50_ms``, and (d) ``tpot_p95_ms``, ``e2e_p50_ms``, ``e2e_p95_ms``, ``e2e_p99_ms`` (float | null each;
+null when the backend does not time requests; /1: the object is null).
+
+Per request (d, :mod:`~dsparkhub.verify.results.per_request`, definitions there): ``Baseline.per_request`` and
+``RunResult.per_request`` (PerRequest | null: ``tau``, ``accepted_per_step``, ``ttft_ms``, ``tpot_ms``,
+``e2e_ms``, one entry per prompt of the first repeat); ``RunResult.request_tau`` (mean of per-request τ) beside
+the token-weighted ``tau``; ``RunResult.latency_speedup`` (LatencySpeedup | null: baseline / drafter of TPOT and
+E2E p50 / p95 / p99); ``SummaryRow.mean_request_tau`` and ``SummaryRow.mean_latency_speedup``.
 
 ``RunResult`` (``datasets[].runs[]``): ``num_speculative_tokens`` (int), ``concurrency`` (d, int; /1: 1),
 ``prompts``, ``output_tokens`` (int), ``wall_s`` (float, median), ``num_drafts``, ``num_draft_tokens``,
@@ -122,6 +131,7 @@ from pydantic.dataclasses import dataclass
 
 from dsparkhub.errors import LosslessMismatchError
 from dsparkhub.io.output import replace_text
+from dsparkhub.verify.results.per_request import CategoryRow, LatencySpeedup, PerRequest
 from dsparkhub.serving import method_names
 
 SCHEMA = "dsparkhub.verify.results/3"
@@ -204,6 +214,11 @@ class Latency:
     tpot_p50_ms: float | None = None
     tpot_p99_ms: float | None = None
     ttft_p50_ms: float | None = None
+    # per-request figures (issue 25), additive: absent in older /2 files
+    tpot_p95_ms: float | None = None
+    e2e_p50_ms: float | None = None
+    e2e_p95_ms: float | None = None
+    e2e_p99_ms: float | None = None
 
 
 @dataclass(config=_STRICT)
@@ -221,6 +236,7 @@ class Baseline:
     kind: str = "none"
     lossless: bool | None = None
     first_mismatch: Mismatch | None = None
+    per_request: PerRequest | None = None  # issue 25 (perrequest branch), additive
 
 
 @dataclass(config=_STRICT)
@@ -282,6 +298,10 @@ class RunResult:
     speedup_spread: float | None = None
     unreliable: list[str] = field(default_factory=list)
     latency: Latency | None = None
+    # per-request figures (issue 25), additive: absent in older /2 files
+    request_tau: float | None = None
+    per_request: PerRequest | None = None
+    latency_speedup: LatencySpeedup | None = None
 
     @property
     def reliable(self) -> bool:
@@ -333,6 +353,9 @@ class SummaryRow:
     mean_baseline_tokens_per_s: float | None = None
     mean_per_user_tokens_per_s: float | None = None
     unreliable: list[str] = field(default_factory=list)
+    # per-request figures (issue 25), additive: absent in older /2 files
+    mean_request_tau: float | None = None
+    mean_latency_speedup: LatencySpeedup | None = None
 
     @property
     def reliable(self) -> bool:
@@ -381,6 +404,7 @@ class VerifyResults:
     incomplete: list[str] = field(default_factory=list)
     # /3 (baseline branch): what the speedups are measured against; /1, /2 files read as no speculation
     baseline: BaselineRef = field(default_factory=BaselineRef)
+    categories: list[CategoryRow] = field(default_factory=list)  # issue 25, additive: SPEED-Bench matrix
     schema: str = SCHEMA
 
     # -- views ---------------------------------------------------------------------------------------------------

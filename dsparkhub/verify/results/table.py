@@ -22,7 +22,9 @@ def format_summary_table(results: VerifyResults) -> str:
     """A line naming the baseline of every speedup (``... vs no speculation``), then a plain-text table per
     concurrency, dataset rows x n: ``τ / speedup / lossless``, plus the unweighted mean
     row; an unreliable speedup carries ``?`` and its reason is listed below; with several concurrencies, a load
-    table (tokens/s, per-user tokens/s, TPOT, TTFT, best n) follows.
+    table (tokens/s, per-user tokens/s, TPOT, TTFT, best n) follows; with per-request figures, the token- vs
+    request-weighted τ and TPOT / E2E percentile speedups (:func:`request_table`); with SPEED-Bench categories, the
+    category matrix (:func:`category_table`).
 
     The CLI prints it after ``dsparkhub verify``; library code never prints.
     """
@@ -57,6 +59,10 @@ def format_summary_table(results: VerifyResults) -> str:
         out += _table(head, rows) + [""]
     if len(cs) > 1 or any(b.latency for ds in results.datasets for b in ds.baselines):
         out += _table(*load_table(results)) + [""]
+    if any(r.mean_request_tau is not None or r.mean_latency_speedup is not None for r in results.summary):
+        out += _table(*request_table(results)) + [""]
+    if results.categories:
+        out += _table(*category_table(results)) + [""]
     out += reasons
     for row in results.load:
         out.append(f"concurrency {row.concurrency}: best n = {row.best_n if row.best_n is not None else '-'}"
@@ -91,3 +97,32 @@ def load_table(results: VerifyResults) -> tuple[list[str], list[list[str]]]:
                          _fmt(lat(runs, "ttft_p50_ms"), ".1f"), _fmt(row.mean_tau),
                          _fmt(row.mean_speedup, ".2f", "x") + ("?" if row.unreliable else "")])
     return head, rows
+
+
+def request_table(results: VerifyResults) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) per concurrency and n: token-weighted and request-weighted mean τ, and the speedups of TPOT
+    and E2E at p50 / p95 / p99 (baseline percentile / drafter percentile; means over datasets)."""
+    head = ["concurrency", "config", "tau token-weighted", "tau request-weighted", "TPOT p50/p95/p99 speedup",
+            "E2E p50/p95/p99 speedup"]
+    rows = []
+    for row in results.summary:
+        ls = row.mean_latency_speedup
+
+        def trio(m):
+            return "-" if ls is None else " / ".join(_fmt(getattr(ls, f"{m}_p{q}"), ".2f", "x") for q in (50, 95, 99))
+
+        rows.append([str(row.concurrency), f"n={row.num_speculative_tokens}", _fmt(row.mean_tau),
+                     _fmt(row.mean_request_tau), trio("tpot"), trio("e2e")])
+    return head, rows
+
+
+def category_table(results: VerifyResults) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the SPEED-Bench category matrix: per category, one ``τ / speedup`` cell per (n,
+    concurrency); an unreliable speedup carries ``?`` (its reason is listed under the summary table)."""
+    keys = sorted({(r.concurrency, r.num_speculative_tokens) for r in results.categories})
+    head = ["category"] + [f"n={n} @{c}: tau / speedup" for c, n in keys]
+    cells: dict[str, dict] = {}
+    for r in results.categories:
+        cells.setdefault(r.category, {})[r.concurrency, r.num_speculative_tokens] = \
+            f"{_fmt(r.tau)} / {_fmt(r.speedup, '.2f', 'x')}{'' if r.speedup_reliable else '?'}"
+    return head, [[cat] + [by.get(k, "-") for k in keys] for cat, by in cells.items()]

@@ -17,8 +17,9 @@ Engine mode requests:
   ``{"vllm_version", "device", "start_s", "warmup_s", "model_runner", "contract"}``; before anything loads, the
   engine self-check (:func:`~dsparkhub.verify.vllm.contract.self_check`) refuses a vLLM that lacks what it touches.
 - ``{"action": "run", "prompts", "max_new_tokens", "temperature", "seed", "ignore_eos"}`` -> generates each prompt
-  alone (batch 1), timing only the ``generate`` calls; answers ``{"outputs", "wall_s", "per_prompt_s",
-  "counters_before", "counters_after"}`` (vLLM's cumulative spec-decode counters around the run).
+  alone (batch 1), timing only the ``generate`` calls; answers ``{"outputs", "wall_s", "per_prompt_s", "requests",
+  "counters_before", "counters_after"}`` (vLLM's cumulative spec-decode counters around the run; ``requests``: per
+  prompt vLLM's own ``{"drafts", "accepted", "ttft_s", "e2e_s"}``, see :func:`_request_figures`).
 - ``{"action": "metrics_text"}`` -> the Prometheus exposition text of this process's registry (what ``vllm serve``
   would show on ``/metrics``), for tests of the text parser.
 
@@ -86,6 +87,10 @@ class EngineSession:
         from vllm import LLM
 
         args = dict(request.get("engine_args") or {})
+        if "speculative_config" in args and _has_engine_arg("per_request_spec_decode_metrics"):
+            # vLLM's own per-request acceptance (0.32 and 0.34: ``--per-request-spec-decode-metrics``), read back
+            # from ``CompletionOutput.spec_decode_metrics``; ``summary`` keeps the histogram, not per-step arrays
+            args.setdefault("per_request_spec_decode_metrics", "summary")
         if not torch.cuda.is_available():
             args.setdefault("enforce_eager", True)
             # vLLM's CPU worker otherwise reserves gpu_memory_utilization (0.9) of the machine's RAM and refuses to
@@ -117,7 +122,7 @@ class EngineSession:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        outputs, times = [], []
+        outputs, times, requests = [], [], []
         for i, prompt in enumerate(prompts):
             # prompt i samples with seed + i, as the reference engine does
             params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed + i,
@@ -126,20 +131,48 @@ class EngineSession:
             result = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt))], params, use_tqdm=False)
             times.append(time.perf_counter() - t0)
             outputs.append([int(t) for t in result[0].outputs[0].token_ids])
-        return outputs, times
+            requests.append(_request_figures(result[0]))
+        return outputs, times, requests
 
     def run(self, request: dict) -> dict:
         from dsparkhub.verify.vllm.counters import spec_counters_from_metrics
 
         self.stage = "generating"
         before = spec_counters_from_metrics(self.llm.get_metrics())
-        outputs, times = self._generate(request["prompts"], max_new_tokens=int(request["max_new_tokens"]),
+        outputs, times, requests = self._generate(request["prompts"], max_new_tokens=int(request["max_new_tokens"]),
                                         temperature=float(request.get("temperature", 0.0)),
                                         seed=int(request.get("seed", 0)),
                                         ignore_eos=bool(request.get("ignore_eos", False)))
         after = spec_counters_from_metrics(self.llm.get_metrics())
-        return {"outputs": outputs, "wall_s": sum(times), "per_prompt_s": times,
+        return {"outputs": outputs, "wall_s": sum(times), "per_prompt_s": times, "requests": requests,
                 "counters_before": asdict(before), "counters_after": asdict(after)}
+
+
+def _has_engine_arg(name: str) -> bool:
+    import dataclasses
+
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:  # a stand-in vllm (tests) without engine args
+        return False
+    return dataclasses.is_dataclass(EngineArgs) and any(f.name == name for f in dataclasses.fields(EngineArgs))
+
+
+def _request_figures(out) -> dict:
+    """vLLM's own figures of one finished request: ``drafts`` / ``accepted`` from
+    ``CompletionOutput.spec_decode_metrics`` (0.32 ``RequestSpecDecodeMetrics``: verify steps = sum of the acceptance
+    histogram, accepted = sum of j x count), ``ttft_s`` / ``e2e_s`` from ``RequestOutput.metrics`` (first token
+    latency from arrival; E2E = that + last - first engine-core token timestamps); None where vLLM has none."""
+    spec = getattr(out.outputs[0], "spec_decode_metrics", None)
+    stats = getattr(out, "metrics", None)
+    fig: dict = {"drafts": None, "accepted": None, "ttft_s": None, "e2e_s": None}
+    if spec is not None:
+        fig["drafts"] = int(sum(spec.histogram))
+        fig["accepted"] = int(sum(j * c for j, c in enumerate(spec.histogram)))
+    if stats is not None and getattr(stats, "first_token_latency", 0.0) > 0:
+        fig["ttft_s"] = float(stats.first_token_latency)
+        fig["e2e_s"] = float(stats.first_token_latency + max(0.0, stats.last_token_ts - stats.first_token_ts))
+    return fig
 
 
 class CheckSession:

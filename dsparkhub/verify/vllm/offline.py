@@ -202,6 +202,7 @@ class VllmBackend:
             num_draft_tokens=delta.num_draft_tokens,
             num_accepted_tokens=delta.num_accepted_tokens,
             accepted_per_pos=delta.accepted_per_pos,
+            **request_fields(reply.get("requests")),
         )
 
     def prometheus_text(self) -> str:
@@ -228,3 +229,19 @@ class VllmBackend:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def request_fields(requests: list[dict] | None) -> dict:
+    """``RunStats`` keyword arguments from vLLM's own per-request figures (the child's ``requests``): per-request
+    ``request_drafts`` / ``request_accepted`` when vLLM reported spec-decode metrics for every request, ``ttft_s`` /
+    ``latency_s`` when it timed every request; ``{}`` for what it did not (never re-derived from outputs)."""
+    out: dict = {}
+    if not requests:
+        return out
+    if all(r.get("drafts") is not None for r in requests):
+        out["request_drafts"] = [int(r["drafts"]) for r in requests]
+        out["request_accepted"] = [int(r["accepted"]) for r in requests]
+    if all(r.get("ttft_s") is not None for r in requests):
+        out["ttft_s"] = [float(r["ttft_s"]) for r in requests]
+        out["latency_s"] = [float(r["e2e_s"]) for r in requests]
+    return out

@@ -11,6 +11,7 @@ from dsparkhub.errors import EngineUnavailableError, VerifyError
 from dsparkhub.verify.server_http import server_request
 from dsparkhub.verify.stats import RunStats
 from dsparkhub.verify.vllm.counters import SpecCounters, spec_counters_from_prometheus
+from dsparkhub.verify.vllm.offline import request_fields
 
 
 class VllmServerBackend:
@@ -23,6 +24,11 @@ class VllmServerBackend:
     ``temperature``, ``seed``, ``ignore_eos`` and ``return_token_ids: true`` (vLLM 0.32
     ``entrypoints/openai/completion/protocol.py``: the choice then carries ``token_ids``). One request at a time
     (batch 1); tokens/s from wall clocks around the requests.
+
+    Per-request figures come from the response's own ``metrics`` (vLLM 0.32 ``PerRequestMetrics``): acceptance from
+    ``metrics.speculative_decoding`` when the server runs with ``--per-request-spec-decode-metrics summary``, TTFT
+    and E2E from the timing fields when it runs with ``--enable-per-request-metrics``; a server without them gives
+    run totals only.
 
     Args:
         base_url: e.g. ``http://127.0.0.1:8000`` (with or without a trailing ``/v1``).
@@ -102,6 +108,7 @@ class VllmServerBackend:
         model = self._model(root)
         before = self.counters(root)
         outputs: list[list[int]] = []
+        requests: list[dict] = []
         wall = 0.0
         for i, prompt in enumerate(prompts):
             payload = {"model": model, "prompt": [int(t) for t in prompt], "max_tokens": int(max_new_tokens),
@@ -117,6 +124,7 @@ class VllmServerBackend:
                     f"vLLM server {root} returned no token_ids for prompt {i} (response: {body[:300]!r}).",
                     hint="dsparkhub needs vLLM >= 0.32's `return_token_ids` field on /v1/completions.")
             outputs.append([int(t) for t in choices[0]["token_ids"]])
+            requests.append(response_figures(reply.get("metrics")))
         delta = self.counters(root) - before
         if num_speculative_tokens is not None:
             if delta.num_drafts == 0:
@@ -134,7 +142,23 @@ class VllmServerBackend:
                               hint="Point --baseline-url at a server without --speculative-config.")
         return RunStats(outputs=outputs, wall_s=wall, num_drafts=delta.num_drafts,
                         num_draft_tokens=delta.num_draft_tokens, num_accepted_tokens=delta.num_accepted_tokens,
-                        accepted_per_pos=delta.accepted_per_pos)
+                        accepted_per_pos=delta.accepted_per_pos, **request_fields(requests))
 
     def close(self) -> None:
         """Nothing to release: the servers belong to the user."""
+
+
+def response_figures(metrics: dict | None) -> dict:
+    """One response's own per-request figures (vLLM 0.32 ``PerRequestMetrics``, ``entrypoints/openai/generate/base``):
+    ``drafts`` = ``speculative_decoding.num_spec_steps``, ``accepted`` = ``num_accepted_draft_tokens``; ``ttft_s``
+    = queue + ``time_to_first_token_ms`` (vLLM's TTFT starts at scheduling), ``e2e_s`` = that +
+    ``generation_time_ms`` (first to last token). None where the server did not report them."""
+    metrics = metrics or {}
+    spec = metrics.get("speculative_decoding") or {}
+    fig: dict = {"drafts": spec.get("num_spec_steps"), "accepted": spec.get("num_accepted_draft_tokens"),
+                 "ttft_s": None, "e2e_s": None}
+    ttft, gen = metrics.get("time_to_first_token_ms"), metrics.get("generation_time_ms")
+    if ttft is not None and gen is not None:
+        fig["ttft_s"] = ((metrics.get("queue_time_ms") or 0.0) + ttft) / 1000
+        fig["e2e_s"] = fig["ttft_s"] + gen / 1000
+    return fig
