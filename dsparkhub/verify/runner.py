@@ -43,6 +43,7 @@ from dsparkhub.target import public_name
 from dsparkhub.validate.record import validate_reusing
 from dsparkhub.validate.report import validation_error
 from dsparkhub.verify.context import check_new_tokens, check_prompts
+from dsparkhub.verify.costs import StepCosts, step_costs_record
 from dsparkhub.verify.engines import check_engine_options, detect_method, engine_entry, make_backend
 from dsparkhub.verify.results.derive import build_results, no_acceptance
 from dsparkhub.verify.results.identity import target_fingerprint
@@ -252,6 +253,9 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None
+    # the reference engine times its steps (``step_costs``): per (n or None, concurrency), every dataset and repeat
+    timed = hasattr(engine, "step_costs")
+    costs: dict[tuple[int | None, int], list[tuple[StepCosts, float]]] = {}
     stopped: DsparkhubError | KeyboardInterrupt | None = None
     incomplete: list[str] = []
     try:
@@ -268,10 +272,14 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                 label = "baseline" if n is None else f"n={n}"
                 desc = f"{ds.name} {label}" + (f" @{c}" if len(load.concurrency) > 1 else "") + \
                     (f" #{rep + 1}" if load.repeats > 1 else "")
+                if timed:
+                    engine.step_costs = StepCosts()
                 try:
                     st = _run_one(engine, ds.prompts, n=n, max_new_tokens=settings.max_new_tokens,
                                   temperature=settings.temperature, seed=settings.seed, progress=progress, desc=desc,
                                   concurrency=c)
+                    if timed:
+                        costs.setdefault((n, c), []).append((engine.step_costs, st.wall_s))
                 except (EngineUnavailableError, VerifyError, KeyboardInterrupt) as exc:
                     stopped = exc  # Ctrl-C too: what was measured is kept, as after an engine's refusal
                     why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc).splitlines()[0]
@@ -285,6 +293,8 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                 break
         info = EngineInfo(backend=engine.name, version=engine.version, device=engine.device)
     finally:
+        if timed:
+            engine.step_costs = None
         if owned:
             engine.close()
     if stopped is not None and not any(spec.values()):
@@ -315,6 +325,8 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                           spread_limit=load.spread_limit, intra_op_threads=threads),
         runs=runs, warnings=noted, incomplete=incomplete,
     )
+    if costs:
+        results.step_costs = step_costs_record(results, costs, source=f"{info.backend} engine's own decoding steps")
     line = no_acceptance(results)
     if line is not None:  # a broken drafter (NaN weights, another target) must not pass as "τ 1.00"
         results.warnings = [*results.warnings, line]
