@@ -211,10 +211,10 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
     context = build_context(draft, results, license=license, base_model=base_model, repo_id=repo_id,
                             checks=checks)
     if schedule is not None:  # the policies compared (dsparkhub schedule --out)
-        from dsparkhub.verify.schedule import read_report
+        from dsparkhub.verify.schedule import advice, read_report
 
-        report, advice = read_report(schedule)
-        context["schedule"] = policies_context(report, advice)
+        report, _ = read_report(schedule)  # the advice is derived again from the rows, as this version words it
+        context["schedule"] = policies_context(report, advice(report))
     if compare:  # the drafter comparison (dsparkhub.compare), every file of the card's target
         context["comparison"] = card_section(list(zip(map(str, results_paths), results)), list(compare))
     text = render_card(context, template).rstrip("\n") + f"\n\n{CARD_MARKER}\n"

@@ -289,7 +289,8 @@ def format_report(report: ScheduleReport) -> str:
 
 def schedule_release(draft: str | Path, target: str | Path, *, datasets=None, max_prompts: int | None = None,
                      repeat_prompts: int = 1, sps_out: str | Path | None = None, write_sps: bool = True,
-                     overwrite: bool = False, report_out: str | Path | None = None, warn=None,
+                     overwrite: bool = False, report_out: str | Path | None = None, sps_from: str = "reference",
+                     warn=None,
                      **kwargs) -> tuple[ScheduleReport, Path | None]:
     """``dsparkhub schedule``: validate, read the prompts, :func:`run_schedule`, and write the SPS table beside the
     release (default ``DRAFT/dspark_sps_table.json``) from the profiled step costs.
@@ -299,6 +300,9 @@ def schedule_release(draft: str | Path, target: str | Path, *, datasets=None, ma
         datasets / max_prompts: as for ``verify``; repeat_prompts: run each prompt this many times (more steady
             steps at high concurrency).
         sps_out / write_sps / overwrite: where the SPS table goes, whether to write it, replace an existing one.
+        sps_from: the SPS table's costs: ``reference`` (this run's profile), ``vllm-forward`` (``vllm bench
+            forward`` on this node's GPU) or ``sglang=URL`` (SGLang's profiler against a running DSpark server);
+            :func:`dsparkhub.verify.sps_table.engine_table`.
         report_out: also write the report as JSON here (:func:`report_dict`; the card's ``--schedule``); replaced
             only with ``overwrite`` and only when it is a schedule report.
         warn: called with each validation warning; kwargs: :func:`run_schedule`'s.
@@ -314,7 +318,7 @@ def schedule_release(draft: str | Path, target: str | Path, *, datasets=None, ma
     from dsparkhub.io.ownership import claim_output
     from dsparkhub.verify.prompts import load_datasets
     from dsparkhub.verify.runner import _validate
-    from dsparkhub.verify.sps_table import SPS_FILE, build_table, write_table
+    from dsparkhub.verify.sps_table import SPS_FILE, build_table, check_source, engine_table, write_table
 
     draft = resolve_step_dir(draft) if Path(draft).is_dir() else Path(draft)
     out = (Path(sps_out) if sps_out is not None else draft / SPS_FILE) if write_sps else None
@@ -324,6 +328,7 @@ def schedule_release(draft: str | Path, target: str | Path, *, datasets=None, ma
         claim_output(report_out, overwrite=overwrite, kind="schedule")
     if repeat_prompts < 1:
         raise VerifyError(f"repeat_prompts must be >= 1, found {repeat_prompts}")
+    check_source(sps_from)
     gamma = open_draft(draft).spec.block_size
     _validate(draft, target, gamma, warn, engine="reference")
     prompts = [p for ds in load_datasets(datasets, target, max_prompts=max_prompts) for p in ds.prompts]
@@ -334,8 +339,12 @@ def schedule_release(draft: str | Path, target: str | Path, *, datasets=None, ma
         replace_json(report_out, report_dict(report))
     if out is None:
         return report, None
-    tokens, sps = report.profile.sps_probes()
     requests = sorted({r for r, _ in report.profile.samples})
+    if sps_from != "reference":  # a serving engine's own costs, labelled with it
+        table = engine_table(sps_from, draft=draft, target=target, n=report.gamma, requests=requests,
+                             context=report.profile_context)
+        return report, write_table(table, out, overwrite=overwrite)
+    tokens, sps = report.profile.sps_probes()
     table = build_table(tokens, sps, engine=report.engine, hardware=report.hardware,
                         source=f"dsparkhub schedule profile: synthetic steps of {requests} requests x verify widths "
                                f"0..{report.gamma}, {report.profile_context}-token context, median of "
