@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from dsparkhub.cli import main
 from dsparkhub.errors import OutputExistsError, VerifyError
-from dsparkhub.verify.costs import StepCosts, latency_law
+from dsparkhub.verify.costs import StepCosts, latency_law, law_row
 from dsparkhub.verify.reference.policies import (Policy, Scheduler, cost_table, parse_policies, read_temperatures,
                                                  sglang_budget, survival, topk_widths, vllm_budget)
 from dsparkhub.verify.sps_table import SPS_FILE, build_table, table_problems, write_table
@@ -314,6 +314,14 @@ def test_latency_law_flags_and_explains():
     row = latency_law(n=3, concurrency=2, base_costs=base, spec_costs=spec, base_stats=bstats, spec_stats=slow)
     assert row.flag == "shortfall"
     assert row.note.startswith("time outside the steps (prefill, admission, bookkeeping): 80% of the speculative")
+    # verify's rows carry the repeats' range: a shortfall is judged against it (none of 3 repeats reached 0.8x)
+    kw = dict(n=3, concurrency=2, base_costs=base, spec_costs=_costs({(2, 3): (0.004, 0.016, 20), (1, 3):
+                                                                       (0.004, 0.016, 30)}),
+              tau=2.0, measured=0.75, base_wall_s=0.5, spec_wall_s=1.25)
+    row = law_row(**kw, measured_spread=[0.7, 0.8])
+    assert row.predicted == pytest.approx(1.0) and row.flag == "shortfall"
+    assert row.note.startswith("steps with fewer than 2 requests (admission, the run's tail): 48% of the speculative")
+    assert law_row(**kw, measured_spread=[0.7, 1.05]).flag == ""  # a repeat reached the prediction
     with pytest.raises(VerifyError, match="no steady steps recorded at concurrency 4"):
         latency_law(n=3, concurrency=4, base_costs=base, spec_costs=spec, base_stats=bstats, spec_stats=slow)
 

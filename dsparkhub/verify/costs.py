@@ -253,8 +253,9 @@ def law_row(*, n: int, concurrency: int, base_costs: StepCosts, spec_costs: Step
         measured_spread: [lowest, highest] per-repeat measured speedup, stored for the reader.
 
     Step times are the medians at ``concurrency`` requests (the steady state: steps with fewer requests, while
-    requests are admitted or the run drains, are left out). A measured speedup below 0.85 x the predicted one (and
-    below the predicted spread) is a shortfall, explained by the largest of: time outside the steps (prefill,
+    requests are admitted or the run drains, are left out). A measured speedup below 0.85 x the predicted one is a
+    shortfall when no repeat reached the prediction (with ``measured_spread``; else when it is below the predicted
+    spread), explained by the largest of: time outside the steps (prefill,
     admission, bookkeeping), steps at fewer requests, or the step itself (drafting or verifying, whichever is
     larger) — each as its share of the speculative run's wall time against the same share of the target-alone run.
 
@@ -279,7 +280,8 @@ def law_row(*, n: int, concurrency: int, base_costs: StepCosts, spec_costs: Step
     if measured > ceiling:
         row.flag = "above ceiling"
         row.note = "faster than all drafts accepted would allow: the step timings do not describe this run"
-    elif measured < SHORTFALL * predicted and measured < spread[0]:
+    elif measured < SHORTFALL * predicted and (measured_spread[1] < predicted if measured_spread else
+                                                measured < spread[0]):
         row.flag = "shortfall"
         row.note = _shortfall_note(base_costs, spec_costs, base_wall_s, spec_wall_s, concurrency, n)
     return row
