@@ -15,6 +15,10 @@ Two sources of costs, one record type (:class:`StepCosts`):
   its step-cost curves at start-up (``AdaptiveVerificationManager.batches_to_profile``, 5 replays per shape,
   medians) — what the ``budget`` and ``sps`` policies size their budget from.
 
+``dsparkhub verify`` keeps the recorded costs of every configuration and the law per (n, concurrency) in its results
+(:func:`step_costs_record`); ``dsparkhub.verify.vllm.bench_forward`` fills the same record from vLLM's own
+``vllm bench forward`` on a GPU.
+
 Not here: running policies (``dsparkhub.verify.schedule``) or writing the SPS table (``dsparkhub.verify.sps_table``).
 """
 

@@ -23,7 +23,9 @@ Order of a run (each step fails with a clear error before the next, more expensi
    with the dataset, prompt, position and both tokens. An engine that refuses or dies mid-sweep, or Ctrl-C, leaves
    the configurations measured so far in the file (each with the repeats all of them completed), the rest listed
    in ``incomplete``, and its error (or the KeyboardInterrupt) is raised after. Runs where no draft token was
-   accepted at any position add a warning (``derive.no_acceptance``).
+   accepted at any position add a warning (``derive.no_acceptance``). An engine that times its steps (the reference
+   engine's ``step_costs``) adds where the time went: draft / verify seconds per step shape and the latency law per
+   (n, concurrency) (:func:`dsparkhub.verify.costs.step_costs_record`, the results' optional ``step_costs``).
 
 A prompt plus ``max_new_tokens`` beyond the target's context is refused in steps 1 (``max_new_tokens`` alone) and 3
 (each prompt) unless ``settings.allow_beyond_context`` (:mod:`dsparkhub.verify.context`).
