@@ -590,3 +590,41 @@ def test_training_section_from_what_convert_recorded(tmp_path):
     assert '- **`data.chat_template`:** `"qwen"`' in training
     draft2 = make_drafter(tmp_path / "d2", provenance=PROVENANCE)  # older provenance: no section
     assert "## Training" not in write_card(draft2, [make_results(draft2, tmp_path / "r2.json")]).readme.read_text()
+
+
+def test_where_the_time_goes_from_step_costs_and_a_schedule_report(tmp_path):
+    from dsparkhub.io.output import replace_json
+    from dsparkhub.verify.costs import StepCosts, step_costs_record
+    from dsparkhub.verify.schedule import PolicyRow, ScheduleReport, report_dict
+
+    draft = make_drafter(tmp_path / "d")
+    path = make_results(draft, tmp_path / "ref.json")
+    plain = write_card(draft, [path]).readme.read_text()
+    assert "## Where the time goes" not in plain  # a results file without step costs: no such section
+    res = read_results(path)
+
+    def costs(width, draft_s, verify_s):
+        c = StepCosts()
+        for _ in range(9):
+            c.record(1, width, draft_s, verify_s, context=20)
+        return [(c, 1.0)]
+
+    # n=3: 10 ms a target step, 2 + 12 ms a speculative one; n=7: a 40 ms step caps it at 2x, below the measured
+    res.step_costs = step_costs_record(res, {(None, 1): costs(None, 0.0, 0.010), (3, 1): costs(3, 0.002, 0.012),
+                                             (7, 1): costs(7, 0.008, 0.032)}, source="reference engine steps")
+    res.save(path)
+    sched = replace_json(tmp_path / "schedule.json", report_dict(ScheduleReport(
+        gamma=7, engine="reference (x)", hardware="cpu (1 thread)", baseline_tokens_per_s={4: 100.0},
+        policies=[PolicyRow("static", "-", 4, 90, 7.0, 4.2, 0.0, 3.8, 150.0, 0.0, True),
+                  PolicyRow("budget", "sts", 4, 90, 3.5, 1.0, 0.4, 3.5, 170.0, 3.5, True)])))
+    text = write_card(draft, [path], schedule=sched).readme.read_text()
+    block = text[text.index("## Where the time goes"):]
+    n3, n7 = res.step_costs.law
+    assert f"| 3 | 1 | 10.00 | 2.00 | 12.00 | 14% | 1.20x | {n3.tau:.2f} | {n3.predicted:.2f}x" in block
+    assert n7.flag == "above ceiling" and f"| 2.00x | {n7.measured:.2f}x ⚠ |" in block  # one repeat: no range
+    assert f"n=7 at concurrency 1: measured {n7.measured:.2f}x is above the ceiling 2.00x" in block
+    assert "The lowest ceiling is 2.00x (n=7, concurrency 1)" in block and "5.00 ms against 10.00 ms" in block
+    assert "| budget | sts | 4 | 3.50 | 1.00 | 3.50 | 3.50 | 1.70x | yes |" in block
+    assert "**Recommendation** (from the policy table): From concurrency 4 on, serve with budget with sts" in block
+    out = CliRunner().invoke(main, ["card", str(draft), "--results", str(path), "--schedule", str(path)])
+    assert out.exit_code == 1 and "not a `dsparkhub schedule --out` report" in out.output

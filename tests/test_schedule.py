@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from dsparkhub.cli import main
 from dsparkhub.errors import OutputExistsError, VerifyError
-from dsparkhub.verify.costs import StepCosts, latency_law
+from dsparkhub.verify.costs import StepCosts, latency_law, law_row
 from dsparkhub.verify.reference.policies import (Policy, Scheduler, cost_table, parse_policies, read_temperatures,
                                                  sglang_budget, survival, topk_widths, vllm_budget)
 from dsparkhub.verify.sps_table import SPS_FILE, build_table, table_problems, write_table
@@ -193,6 +193,74 @@ def test_step_costs_are_recorded_per_shape(engine):
     assert (3, None) in plain and all(w is None and d == 0.0 for (_, w), got in plain.items() for d, _ in got)
 
 
+def test_step_costs_at_concurrency_1_come_from_the_batch_1_loop_with_their_context(engine):
+    eng, base = engine
+    eng.step_costs = StepCosts()
+    try:
+        stats = eng.run(PROMPTS, num_speculative_tokens=3, max_new_tokens=10)
+        costs = eng.step_costs
+    finally:
+        eng.step_costs = None
+    assert stats.outputs == base[1]
+    assert stats.draft_s > 0  # the batch-1 loop's own counters (the batched path reports None)
+    assert set(costs.samples) == {(1, 3)} and sum(map(len, costs.samples.values())) == stats.num_drafts
+    # contexts 2 .. 14 tokens (prompts of 2-5 tokens, 10 new): the 16-token bucket only
+    shapes = costs.context_shapes()
+    assert [(s["requests"], s["width"], s["context"], s["steps"]) for s in shapes] == [(1, 3, 16, stats.num_drafts)]
+
+
+@pytest.mark.parametrize("tokens, bucket", [(0, 16), (16, 16), (17, 32), (100, 128), (128, 128), (129, 256)])
+def test_context_bucket_is_the_next_power_of_two(tokens, bucket):
+    from dsparkhub.verify.costs import context_bucket
+
+    assert context_bucket(tokens) == bucket
+
+
+def test_verify_stores_step_costs_and_the_latency_law(engine, tiny_models, tmp_path):
+    from dsparkhub.verify import runner
+    from dsparkhub.verify.results.reading import read_results
+    from dsparkhub.verify.results.table import format_summary_table
+    from dsparkhub.verify.settings import LoadOptions, VerifySettings
+
+    eng, _ = engine
+    root, _ = tiny_models
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"prompt_token_ids": {p}}}\n' for p in PROMPTS))
+    out = tmp_path / "results.json"
+    res = runner.run_verify(root / "dspark_run", root / "target", VerifySettings(
+        num_speculative_tokens=[2, 3], datasets=[str(prompts)], max_new_tokens=10,
+        load=LoadOptions(concurrency=(1, 3), repeats=2)), backend=eng, progress=False, check=False, out=out)
+    assert eng.step_costs is None  # handed back
+    rec = res.step_costs
+    assert rec.source == "reference engine's own decoding steps"
+    keys = {(s.num_speculative_tokens, s.concurrency, s.requests, s.width) for s in rec.shapes}
+    assert {(None, 1, 1, None), (2, 1, 1, 2), (3, 1, 1, 3), (None, 3, 3, None), (3, 3, 3, 3)} <= keys
+    assert all(s.context in (16, 32) and s.steps > 0 and s.verify_s > 0 for s in rec.shapes)
+    assert all((s.draft_s > 0) == (s.width is not None) for s in rec.shapes)
+    assert [(r.num_speculative_tokens, r.concurrency) for r in rec.law] == [(2, 1), (3, 1), (2, 3), (3, 3)]
+    for r in rec.law:
+        row = next(x for x in res.summary if (x.num_speculative_tokens, x.concurrency) ==
+                   (r.num_speculative_tokens, r.concurrency))
+        assert r.tau == row.mean_tau and r.measured == row.mean_speedup
+        assert r.predicted == pytest.approx(r.t_target_s * r.tau / (r.t_draft_s + r.t_verify_s))
+        assert r.ceiling == pytest.approx(r.predicted * (r.num_speculative_tokens + 1) / r.tau)
+        assert r.measured_spread[0] <= r.measured <= r.measured_spread[1]
+    again = read_results(out)
+    assert again.step_costs == rec
+    table = format_summary_table(again)
+    assert "latency law L = (T_draft + T_verify) / tau" in table
+    law = table[table.index("latency law"):].splitlines()
+    assert law[3].split()[:2] == ["2", "1"] and f"{rec.law[0].predicted:.2f}x" in law[3]
+
+
+def test_a_results_file_without_step_costs_has_no_such_key():
+    from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings, VerifyResults
+
+    res = VerifyResults("0", "d", "dspark", EngineInfo("vllm", "v", "gpu"), ModelRef("t", None), ModelRef("d", None),
+                        Settings(0.0, 8, 0, [3]), [], [], None, None)
+    assert "step_costs" not in res.to_dict()
+
+
 def test_confidence_policies_on_a_drafter_without_head_are_refused_before_any_run(tiny_models):
     from dsparkhub.verify.schedule import run_schedule
 
@@ -227,7 +295,7 @@ def test_latency_law_predicts_from_the_steady_steps():
     sstats = RunStats(outputs=[[0] * 100], wall_s=0.3, num_drafts=20, num_accepted_tokens=20,
                       accepted_per_pos=[12, 6, 2])
     row = latency_law(n=3, concurrency=2, base_costs=base, spec_costs=spec, base_stats=bstats, spec_stats=sstats)
-    assert row.tau == pytest.approx(2.0)
+    assert row.num_speculative_tokens == 3 and row.tau == pytest.approx(2.0)
     assert row.predicted == pytest.approx(0.010 * 2.0 / 0.020)
     assert row.ceiling == pytest.approx(0.010 * 4 / 0.020)
     assert row.measured == pytest.approx(0.5 / 0.3)
@@ -246,6 +314,14 @@ def test_latency_law_flags_and_explains():
     row = latency_law(n=3, concurrency=2, base_costs=base, spec_costs=spec, base_stats=bstats, spec_stats=slow)
     assert row.flag == "shortfall"
     assert row.note.startswith("time outside the steps (prefill, admission, bookkeeping): 80% of the speculative")
+    # verify's rows carry the repeats' range: a shortfall is judged against it (none of 3 repeats reached 0.8x)
+    kw = dict(n=3, concurrency=2, base_costs=base, spec_costs=_costs({(2, 3): (0.004, 0.016, 20), (1, 3):
+                                                                       (0.004, 0.016, 30)}),
+              tau=2.0, measured=0.75, base_wall_s=0.5, spec_wall_s=1.25)
+    row = law_row(**kw, measured_spread=[0.7, 0.8])
+    assert row.predicted == pytest.approx(1.0) and row.flag == "shortfall"
+    assert row.note.startswith("steps with fewer than 2 requests (admission, the run's tail): 48% of the speculative")
+    assert law_row(**kw, measured_spread=[0.7, 1.05]).flag == ""  # a repeat reached the prediction
     with pytest.raises(VerifyError, match="no steady steps recorded at concurrency 4"):
         latency_law(n=3, concurrency=4, base_costs=base, spec_costs=spec, base_stats=bstats, spec_stats=slow)
 
@@ -337,8 +413,13 @@ def test_schedule_command_prints_both_tables_and_writes_the_sps_table(tiny_model
     args = ["schedule", str(root / "dspark_run"), "--target", str(root / "target"), "--datasets", str(prompts),
             "--max-new-tokens", "6", "--concurrency", "1,2", "--law-n", "2", "--law-concurrency", "2",
             "--sts", str(sts), "--sps-out", str(out), "--quiet"]
-    res = CliRunner().invoke(main, args)
+    res = CliRunner().invoke(main, args + ["--out", str(tmp_path / "schedule.json")])
     assert res.exit_code == 0, res.output
+    from dsparkhub.verify.schedule import advice, read_report
+
+    report, said = read_report(tmp_path / "schedule.json")  # the card's --schedule reads it back
+    assert len(report.policies) == 14 and report.law[0].concurrency == 2 and said == advice(report)
+    assert said in res.output and report.baseline_tokens_per_s.keys() == {1, 2}
     assert "latency law" in res.output and "predicted" in res.output
     for row in ("static          -       1", "threshold:0.5   raw     2", "threshold:0.5   sts     2",
                 "budget          sts     1", "sps             raw     2"):
@@ -382,3 +463,55 @@ def test_the_example_drafter_end_to_end(example, tmp_path):
     (law,) = report.law
     assert 0 < law.predicted < law.ceiling and 1.0 < law.tau <= 4.0
     assert table_problems(json.loads(path.read_text())) == []
+
+
+# ---- the report: advice, JSON --------------------------------------------------------------------------------------
+
+
+def _report(rows):
+    from dsparkhub.verify.schedule import PolicyRow, ScheduleReport
+
+    return ScheduleReport(gamma=7, engine="reference (x)", hardware="cpu (1 thread)", baseline_tokens_per_s={1: 100.0},
+                          policies=[PolicyRow(pol, conf, c, 50, verified, 7 - verified - 1, 0.0, tau, tps, 7 - verified,
+                                              True) for pol, conf, c, verified, tau, tps in rows])
+
+
+def test_advice_recommends_a_policy_only_where_it_pays():
+    from dsparkhub.verify.schedule import advice
+
+    flat = _report([("static", "-", 1, 7.0, 2.32, 120.0), ("budget", "sts", 1, 2.1, 2.31, 121.0),
+                    ("threshold:0.5", "sts", 1, 1.0, 1.8, 110.0)])  # saves more, but loses τ: not the example
+    text = advice(flat)
+    assert text.startswith("Serve with a static n = 7 on this engine: budget (sts) saves 4.90 of 7 verify tokens")
+    assert "no policy gains more than 5% tokens/s" in text
+    paying = _report([("static", "-", 1, 7.0, 2.32, 120.0), ("static", "-", 4, 7.0, 2.32, 200.0),
+                      ("sps", "raw", 4, 3.0, 2.25, 230.0)])
+    assert advice(paying).startswith("From concurrency 4 on, serve with sps with raw confidences rather than a "
+                                     "static n = 7: it verifies 3.00 draft tokens per request-step instead of 7.00")
+    broken = _report([("static", "-", 4, 7.0, 2.32, 200.0), ("sps", "raw", 4, 3.0, 2.25, 230.0)])
+    broken.policies[1].lossless = False  # never recommended
+    assert advice(broken).startswith("No confidence policy beats a static n = 7")
+
+
+def test_the_report_round_trips_and_a_wrong_file_is_refused(tmp_path):
+    from dsparkhub.io.output import replace_json
+    from dsparkhub.verify.schedule import read_report, report_dict
+
+    rep = _report([("static", "-", 1, 7.0, 2.32, 120.0), ("budget", "raw", 1, 2.5, 2.3, 125.0)])
+    rep.law = [latency_law(n=3, concurrency=2, base_costs=_costs({(2, None): (0.0, 0.010, 5)}),
+                           spec_costs=_costs({(2, 3): (0.004, 0.016, 5)}),
+                           base_stats=RunStats(outputs=[[0] * 100], wall_s=0.5),
+                           spec_stats=RunStats(outputs=[[0] * 100], wall_s=0.3, num_drafts=20,
+                                               num_accepted_tokens=20, accepted_per_pos=[12, 6, 2]))]
+    path = replace_json(tmp_path / "schedule.json", report_dict(rep))
+    again, said = read_report(path)
+    assert again.policies == rep.policies and again.law == rep.law and again.baseline_tokens_per_s == {1: 100.0}
+    assert said == report_dict(rep)["advice"]
+    data = json.loads(path.read_text())
+    data["policies"][1]["tau"] = "high"
+    path.write_text(json.dumps(data))
+    with pytest.raises(VerifyError, match=r"does not fit dsparkhub.schedule/1: policies\.1\.tau"):
+        read_report(path)
+    path.write_text(json.dumps({"sample_steps_per_sec": [1.0]}))
+    with pytest.raises(VerifyError, match="not a `dsparkhub schedule --out` report"):
+        read_report(path)

@@ -36,6 +36,7 @@ from dsparkhub.card.facts import (
     read_config,
     read_provenance,
 )
+from dsparkhub.card.timing import policies_context, time_context
 from dsparkhub.card.plots import ASSETS_DIR, plot_acceptance, plot_names, plot_speedup, plot_speedup_vs_concurrency
 from dsparkhub.compare import card_section
 from dsparkhub.card.tables import METHOD_LABELS, MODEL_PLACEHOLDER, card_data, is_reference, section, serve_commands
@@ -96,7 +97,10 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
                                 max_model_len=serve_res.settings.max_model_len, sts_positions=sts),
         "engine_checks": engine_checks(list(checks or [])),
         "serve_reference": is_reference(serve_res),
-        "sections": [section(r, p, target=target) for r, p in zip(results, plots)],
+        "sections": (sections := [section(r, p, target=target) for r, p in zip(results, plots)]),
+        "time_sections": [{"title": sec["title"], **t} for r, sec in zip(results, sections)
+                          if (t := time_context(r.step_costs)) is not None],
+        "schedule": None,
         "calibration": calibration,
         "provenance": provenance, "provenance_facts": provenance_facts(shown),
         "provenance_summary": provenance_summary(shown), "training": training_facts(shown),
@@ -174,7 +178,7 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
                license: str | None = None, base_model: str | None = None,
                repo_id: str | None = None, overwrite: bool = False,
                checks: list[str | Path] | None = None,
-               compare: list[str | Path] | None = None) -> CardOutput:
+               compare: list[str | Path] | None = None, schedule: str | Path | None = None) -> CardOutput:
     """Write ``README.md`` and ``assets/*.png`` into the drafter folder from results files.
 
     Everything is rendered into a temporary folder inside ``draft`` first; the plots are then renamed into
@@ -191,6 +195,8 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
         CardError: no results, bad template, unusable drafter config, or a hand-written README.md without
             ``overwrite``.
         CompareError: a ``compare`` file (``--compare``) was measured on another target.
+        VerifyError: ``schedule`` (a ``dsparkhub schedule --out`` report, shown under "Where the time goes") cannot
+            be read or is not such a report.
     """
     draft = Path(draft)
     existing = draft / "README.md"
@@ -204,6 +210,11 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
     results = load_results_for(draft, list(results_paths))
     context = build_context(draft, results, license=license, base_model=base_model, repo_id=repo_id,
                             checks=checks)
+    if schedule is not None:  # the policies compared (dsparkhub schedule --out)
+        from dsparkhub.verify.schedule import advice, read_report
+
+        report, _ = read_report(schedule)  # the advice is derived again from the rows, as this version words it
+        context["schedule"] = policies_context(report, advice(report))
     if compare:  # the drafter comparison (dsparkhub.compare), every file of the card's target
         context["comparison"] = card_section(list(zip(map(str, results_paths), results)), list(compare))
     text = render_card(context, template).rstrip("\n") + f"\n\n{CARD_MARKER}\n"

@@ -34,14 +34,16 @@ from dsparkhub.secrets import redact
               help="`vllm-check --json` / `sglang-check --json` report: the card says which engines' checks passed.")
 @click.option("--compare", "compare_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Results file of another drafter of the same target (repeat): the card gets the comparison tables.")
+@click.option("--schedule", "schedule_path", type=click.Path(exists=True, dir_okay=False),
+              help="`dsparkhub schedule --out` report: the card's 'Where the time goes' compares the policies.")
 def card(draft, results_paths, template, license_, base_model, repo_id, overwrite, check_paths,
-         compare_paths) -> None:
+         compare_paths, schedule_path) -> None:
     """Write README.md (model card) and plots into the drafter folder from verify results files."""
     from dsparkhub.card.render import write_card
 
     out = write_card(draft, list(results_paths), template=template, license=license_, base_model=base_model,
                      repo_id=repo_id, overwrite=overwrite, checks=list(check_paths),
-                     compare=list(compare_paths))
+                     compare=list(compare_paths), schedule=schedule_path)
     click.echo(f"wrote {out.readme}")
     for p in out.plots:
         click.echo(f"wrote {p}")

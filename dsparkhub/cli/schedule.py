@@ -47,11 +47,18 @@ def _int_list_or_none(ctx, param, value: str) -> list[int]:
 @click.option("--sps-out", type=click.Path(dir_okay=False),
               help="SPS table path (default DRAFT/dspark_sps_table.json).")
 @click.option("--no-sps-table", is_flag=True, help="Do not write the SPS table.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing SPS table.")
+@click.option("--sps-from", default="reference", show_default=True,
+              help="The SPS table's costs: reference (this run's profile), vllm-forward (`vllm bench forward`, "
+              "vLLM 0.33+, on this node's GPU) or sglang=http://HOST:PORT (SGLang's dspark_sps_profiler against a "
+              "running DSpark server).")
+@click.option("--out", "report_out", type=click.Path(dir_okay=False),
+              help="Also write the report as JSON (for `dsparkhub card --schedule`).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing SPS table (and --out report).")
 @click.option("--device", default="cpu", show_default=True, help="Reference engine device (cpu, cuda).")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def schedule(draft, target, datasets, max_prompts, repeat_prompts, max_new_tokens, policies, concurrencies, law_ns,
-             law_concurrencies, sts, sps_out, no_sps_table, overwrite, device, quiet) -> None:
+             law_concurrencies, sts, sps_out, no_sps_table, sps_from, report_out, overwrite, device,
+             quiet) -> None:
     """Where the time goes, on the reference engine (greedy): T_draft and T_verify per step shape, the predicted
     speedup by L = (T_draft + T_verify) / τ beside the measured one, and static vs confidence-scheduled
     verification (threshold, vLLM's budget, SGLang's SPS) with raw and STS confidences, lossless checked. Writes
@@ -62,11 +69,17 @@ def schedule(draft, target, datasets, max_prompts, repeat_prompts, max_new_token
         hide_transformers_progress()
     report, path = schedule_release(
         draft, target, datasets=list(datasets), max_prompts=max_prompts, repeat_prompts=repeat_prompts,
-        sps_out=sps_out, write_sps=not no_sps_table, overwrite=overwrite,
+        sps_out=sps_out, write_sps=not no_sps_table, overwrite=overwrite, report_out=report_out, sps_from=sps_from,
         warn=lambda line: click.echo(line, err=True), policies=policies, concurrencies=concurrencies,
         law_ns=law_ns, law_concurrencies=law_concurrencies, sts=sts, max_new_tokens=max_new_tokens, device=device,
         progress=None if quiet else (lambda line: click.echo(line, err=True)))
     click.echo(format_report(report))
+    if report_out is not None:
+        click.echo(f"wrote {report_out} (the card reads it: dsparkhub card DRAFT --results R --schedule "
+                   f"{shlex.quote(str(report_out))})")
     if path is not None:
-        click.echo(f"wrote {path} (costs of {report.engine} on {report.hardware})")
+        import json
+
+        label = json.loads(path.read_text(encoding="utf-8"))
+        click.echo(f"wrote {path} (costs of {label['engine']} on {label['hardware']})")
         click.echo(f"serve with SGLang: --speculative-dspark-sps-table-path {shlex.quote(str(path))}")

@@ -50,10 +50,12 @@ FILE_KINDS = {"results": "a results file of `dsparkhub verify` (a JSON object wh
                          f"{RESULTS_SCHEMA_PREFIX}N)",
               "sidecar": "an STS calibration sidecar (a JSON object with `temperatures`)",
               "sps_table": "an SGLang SPS cost table of `dsparkhub schedule` (a JSON object with "
-                           "`sample_steps_per_sec`)"}
-_EXAMPLE_NAMES = {"results": "results.json", "sidecar": "dspark_sts.json", "sps_table": "dspark_sps_table.json"}
+                           "`sample_steps_per_sec`)",
+              "schedule": "a `dsparkhub schedule` report (a JSON object with `policies`)"}
+_EXAMPLE_NAMES = {"results": "results.json", "sidecar": "dspark_sts.json", "sps_table": "dspark_sps_table.json",
+                  "schedule": "schedule.json"}
 #: the JSON key that marks a file of each kind as dsparkhub's (results: the ``schema`` prefix, checked apart)
-_KIND_KEYS = {"sidecar": "temperatures", "sps_table": "sample_steps_per_sec"}
+_KIND_KEYS = {"sidecar": "temperatures", "sps_table": "sample_steps_per_sec", "schedule": "policies"}
 _SHOWN = 4
 _MAX_JSON_BYTES = 64 << 20
 

@@ -23,7 +23,9 @@ Order of a run (each step fails with a clear error before the next, more expensi
    with the dataset, prompt, position and both tokens. An engine that refuses or dies mid-sweep, or Ctrl-C, leaves
    the configurations measured so far in the file (each with the repeats all of them completed), the rest listed
    in ``incomplete``, and its error (or the KeyboardInterrupt) is raised after. Runs where no draft token was
-   accepted at any position add a warning (``derive.no_acceptance``).
+   accepted at any position add a warning (``derive.no_acceptance``). An engine that times its steps (the reference
+   engine's ``step_costs``) adds where the time went: draft / verify seconds per step shape and the latency law per
+   (n, concurrency) (:func:`dsparkhub.verify.costs.step_costs_record`, the results' optional ``step_costs``).
 
 A prompt plus ``max_new_tokens`` beyond the target's context is refused in steps 1 (``max_new_tokens`` alone) and 3
 (each prompt) unless ``settings.allow_beyond_context`` (:mod:`dsparkhub.verify.context`).
@@ -44,6 +46,7 @@ from dsparkhub.target import TargetSpec, open_target, public_name
 from dsparkhub.validate.record import validate_reusing
 from dsparkhub.validate.report import validation_error
 from dsparkhub.verify.context import check_new_tokens, check_prompts
+from dsparkhub.verify.costs import StepCosts, step_costs_record
 from dsparkhub.verify.engines import check_engine_options, detect_method, engine_entry, make_backend
 from dsparkhub.verify.results.derive import build_results, no_acceptance
 from dsparkhub.verify.results.identity import target_fingerprint
@@ -314,6 +317,9 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
     base_engine = engine
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None
+    # the reference engine times its steps (``step_costs``): per (n or None, concurrency), every dataset and repeat
+    timed = hasattr(engine, "step_costs")
+    costs: dict[tuple[int | None, int], list[tuple[StepCosts, float]]] = {}
     stopped: DsparkhubError | KeyboardInterrupt | None = None
     incomplete: list[str] = []
     try:
@@ -334,13 +340,19 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                     (f" #{rep + 1}" if load.repeats > 1 else "")
                 common = dict(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                               seed=settings.seed, progress=progress, concurrency=c)
+                runner = base_engine if n is None else engine
+                # the law prices speedups against the target alone: a drafter baseline's steps are not its T_target
+                timing = timed and (n is not None or base_n is None)
                 try:
                     if n is None and base_n is not None and settings.temperature == 0 and c not in plain[ds.name]:
                         # untimed: the target alone, against which the baseline drafter's outputs are checked
                         plain[ds.name][c] = _run_one(engine, ds.prompts, n=None, desc=f"{desc} (no speculation)",
                                                      **common)
-                    st = _run_one(base_engine if n is None else engine, ds.prompts, n=base_n if n is None else n,
-                                  desc=desc, **common)
+                    if timing:
+                        runner.step_costs = StepCosts()
+                    st = _run_one(runner, ds.prompts, n=base_n if n is None else n, desc=desc, **common)
+                    if timing:
+                        costs.setdefault((n, c), []).append((runner.step_costs, st.wall_s))
                 except (EngineUnavailableError, VerifyError, KeyboardInterrupt) as exc:
                     stopped = exc  # Ctrl-C too: what was measured is kept, as after an engine's refusal
                     why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc).splitlines()[0]
@@ -354,6 +366,8 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                 break
         info = EngineInfo(backend=engine.name, version=engine.version, device=engine.device)
     finally:
+        if timed:
+            engine.step_costs = None
         if owned:
             engine.close()
     if stopped is not None and not any(spec.values()):
@@ -387,6 +401,8 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
             kind="drafter", id=Path(choice.path).resolve().name, n=base_n,
             fingerprint=checkpoint_fingerprint(choice.path), method=detect_method(choice.path)),
     )
+    if costs:
+        results.step_costs = step_costs_record(results, costs, source=f"{info.backend} engine's own decoding steps")
     line = no_acceptance(results)
     if line is not None:  # a broken drafter (NaN weights, another target) must not pass as "τ 1.00"
         results.warnings = [*results.warnings, line]

@@ -28,8 +28,13 @@ from pathlib import Path
 from dsparkhub.errors import VerifyError
 from dsparkhub.verify.costs import PROFILE_REPLAYS, LawRow, StepCosts, latency_law, profile_costs
 from dsparkhub.verify.reference.policies import Policy, Scheduler, read_temperatures
+from dsparkhub.verify.results.table import law_table
 
-__all__ = ["PolicyRow", "ScheduleReport", "run_schedule", "run_policies", "format_report", "schedule_release"]
+__all__ = ["PolicyRow", "ScheduleReport", "run_schedule", "run_policies", "format_report", "schedule_release",
+           "REPORT_FORMAT", "report_dict", "read_report", "advice"]
+
+REPORT_FORMAT = "dsparkhub.schedule/1"
+GAIN = 0.05  # a policy must beat static n by this share of tokens/s to be recommended
 
 
 @dataclass
@@ -173,20 +178,100 @@ def run_schedule(draft: str | Path, target: str | Path, prompts: list[list[int]]
     return report
 
 
+def advice(report: ScheduleReport) -> str:
+    """One sentence a user can act on, from the policy rows: the confidence policy to serve with where it beats static
+    n = γ by more than 5% of tokens/s (lossless rows only), else what the confidence head saves (the largest saving
+    that keeps τ within 5% of static's, else the largest) and why it does not pay on this engine. Empty without
+    policy rows."""
+    if not report.policies:
+        return ""
+    rows = [r for r in report.policies if r.lossless]
+    static = {r.concurrency: r for r in rows if r.policy == "static"}
+    wins = []
+    for c, st in sorted(static.items()):
+        best = max((r for r in rows if r.concurrency == c and r.policy != "static"), key=lambda r: r.tokens_per_s,
+                   default=None)
+        if best is not None and st.tokens_per_s > 0 and best.tokens_per_s > (1 + GAIN) * st.tokens_per_s:
+            wins.append((c, best, st))
+    if wins:
+        c, best, st = wins[0]
+        conf = "" if best.confidences == "-" else f" with {best.confidences} confidences"
+        return (f"From concurrency {c} on, serve with {best.policy}{conf} rather than a static n = {report.gamma}: it "
+                f"verifies {best.verified:.2f} draft tokens per request-step instead of {st.verified:.2f} at τ "
+                f"{best.tau:.2f} vs {st.tau:.2f}, {best.tokens_per_s / st.tokens_per_s:.2f}x the tokens/s "
+                f"(measured on {report.engine}, {report.hardware}).")
+    savers = [r for r in rows if r.policy != "static" and r.saved > 0 and r.concurrency in static]
+    # the largest saving that keeps τ (within 5% of static's); else the largest saving at all
+    kept = [r for r in savers if r.tau >= (1 - GAIN) * static[r.concurrency].tau]
+    saving = max(kept or savers, key=lambda r: r.saved, default=None)
+    if saving is None:
+        return (f"No confidence policy beats a static n = {report.gamma} on {report.engine} ({report.hardware}): "
+                "serve with static n.")
+    st = static[saving.concurrency]
+    conf = "" if saving.confidences == "-" else f" ({saving.confidences})"
+    return (f"Serve with a static n = {report.gamma} on this engine: {saving.policy}{conf} saves {saving.saved:.2f} "
+            f"of {report.gamma} verify tokens per request-step at concurrency {saving.concurrency} "
+            f"(τ {saving.tau:.2f} vs {st.tau:.2f}) but no policy gains more than {GAIN:.0%} tokens/s here, where a "
+            "verify token costs little; enable adaptive verification (vLLM) or the SPS scheduler (SGLang) only "
+            "where verifying is the bottleneck (a busy GPU server).")
+
+
+def report_dict(report: ScheduleReport) -> dict:
+    """The report as JSON (``dsparkhub schedule --out``; the card's ``--schedule``): ``format``
+    (:data:`REPORT_FORMAT`), ``engine``, ``hardware``, ``gamma``, ``law`` (LawRow fields), ``policies`` (PolicyRow
+    fields), ``baseline_tokens_per_s`` ({concurrency: tokens/s}) and ``advice`` (:func:`advice`). The profile is
+    not kept (it is the SPS table's business)."""
+    from dataclasses import asdict
+
+    return {"format": REPORT_FORMAT, "engine": report.engine, "hardware": report.hardware, "gamma": report.gamma,
+            "law": [asdict(r) for r in report.law], "policies": [asdict(r) for r in report.policies],
+            "baseline_tokens_per_s": {str(c): v for c, v in report.baseline_tokens_per_s.items()},
+            "advice": advice(report)}
+
+
+def read_report(path: str | Path) -> tuple[ScheduleReport, str]:
+    """Read a ``dsparkhub schedule --out`` file, checking every key and type (pydantic, strict).
+
+    Returns:
+        ``(report, advice)`` (``report.profile`` is None).
+
+    Raises:
+        VerifyError: the file cannot be read, is not JSON, is not a schedule report of this format, or a key is
+            missing or of the wrong type (the message names the key path).
+    """
+    import json
+
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise VerifyError(f"cannot read the schedule report: {exc}", path=path) from None
+    if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise VerifyError(f"not a `dsparkhub schedule --out` report: expected format {REPORT_FORMAT!r}, found "
+                          f"{found!r}", path=path)
+    kinds = {"engine": str, "hardware": str, "gamma": int, "law": list[LawRow], "policies": list[PolicyRow],
+             "baseline_tokens_per_s": dict[str, float], "advice": str}
+    got, problems = {}, []
+    for key, kind in kinds.items():
+        try:  # JSON mode: strict types, dataclasses from objects
+            got[key] = TypeAdapter(kind).validate_json(json.dumps(data.get(key)), strict=True)
+        except ValidationError as exc:
+            problems += [".".join([key, *map(str, e["loc"])]) + f": {e['msg']}" for e in exc.errors()]
+    if problems:
+        raise VerifyError(f"the schedule report does not fit {REPORT_FORMAT}: " + "; ".join(problems[:5]), path=path)
+    report = ScheduleReport(gamma=got["gamma"], law=got["law"], policies=got["policies"],
+                            baseline_tokens_per_s={int(c): v for c, v in got["baseline_tokens_per_s"].items()},
+                            engine=got["engine"], hardware=got["hardware"])
+    return report, got["advice"]
+
+
 def format_report(report: ScheduleReport) -> str:
-    """The two tables as text: the latency law, then the policies."""
+    """The two tables as text: the latency law, then the policies, then :func:`advice`."""
     lines = [f"engine: {report.engine}; hardware: {report.hardware}; γ = {report.gamma}", ""]
     if report.law:
-        lines.append("latency law  L = (T_draft + T_verify) / τ  vs the target alone (ms per step)")
-        lines.append(f"{'n':>3} {'conc':>4} {'T_target':>8} {'T_draft':>8} {'T_verify':>8} {'τ':>5} "
-                     f"{'predicted':>9} {'(spread)':>13} {'ceiling':>7} {'measured':>8}  note")
-        for r in report.law:
-            note = f"{r.flag}: {r.note}" if r.flag else ""
-            lines.append(f"{r.n:>3} {r.concurrency:>4} {r.t_target_s * 1e3:>8.2f} {r.t_draft_s * 1e3:>8.2f} "
-                         f"{r.t_verify_s * 1e3:>8.2f} {r.tau:>5.2f} {r.predicted:>8.2f}x {_spread(r.spread):>13} "
-                         f"{r.ceiling:>6.2f}x "
-                         f"{r.measured:>7.2f}x  {note}".rstrip())
-        lines.append("")
+        lines += law_table(report.law) + [""]
     if report.policies:
         lines.append(f"policies at n = {report.gamma} (per request-step: draft tokens verified, rejected, padding; "
                      "saved = verify tokens saved vs static)")
@@ -198,17 +283,15 @@ def format_report(report: ScheduleReport) -> str:
             lines.append(f"{r.policy:<15} {r.confidences:<4} {r.concurrency:>4} {r.verified:>8.2f} {r.wasted:>6.2f} "
                          f"{r.padded:>6.2f} {r.saved:>5.2f} {r.tau:>5.2f} {r.tokens_per_s:>8.1f} {ratio:>9}  "
                          f"{'yes' if r.lossless else 'NO'}")
+        lines += ["", advice(report)]
     return "\n".join(lines)
 
 
-
-
-def _spread(lo_hi: tuple[float, float]) -> str:
-    return f"({lo_hi[0]:.2f}-{lo_hi[1]:.2f})"
-
 def schedule_release(draft: str | Path, target: str | Path, *, datasets=None, max_prompts: int | None = None,
                      repeat_prompts: int = 1, sps_out: str | Path | None = None, write_sps: bool = True,
-                     overwrite: bool = False, warn=None, **kwargs) -> tuple[ScheduleReport, Path | None]:
+                     overwrite: bool = False, report_out: str | Path | None = None, sps_from: str = "reference",
+                     warn=None,
+                     **kwargs) -> tuple[ScheduleReport, Path | None]:
     """``dsparkhub schedule``: validate, read the prompts, :func:`run_schedule`, and write the SPS table beside the
     release (default ``DRAFT/dspark_sps_table.json``) from the profiled step costs.
 
@@ -217,11 +300,16 @@ def schedule_release(draft: str | Path, target: str | Path, *, datasets=None, ma
         datasets / max_prompts: as for ``verify``; repeat_prompts: run each prompt this many times (more steady
             steps at high concurrency).
         sps_out / write_sps / overwrite: where the SPS table goes, whether to write it, replace an existing one.
+        sps_from: the SPS table's costs: ``reference`` (this run's profile), ``vllm-forward`` (``vllm bench
+            forward`` on this node's GPU) or ``sglang=URL`` (SGLang's profiler against a running DSpark server);
+            :func:`dsparkhub.verify.sps_table.engine_table`.
+        report_out: also write the report as JSON here (:func:`report_dict`; the card's ``--schedule``); replaced
+            only with ``overwrite`` and only when it is a schedule report.
         warn: called with each validation warning; kwargs: :func:`run_schedule`'s.
 
     Raises:
-        OutputExistsError: the SPS table exists and ``overwrite`` is False, or it is not a table dsparkhub wrote
-            (checked before any model loads, :func:`dsparkhub.io.ownership.claim_output`).
+        OutputExistsError: the SPS table (or ``report_out``) exists and ``overwrite`` is False, or it is not a file
+            of that kind dsparkhub wrote (checked before any model loads, :func:`dsparkhub.io.ownership.claim_output`).
         OutputNotWritableError: ``sps_out`` is named like a checkpoint's own file (``config.json``, ...).
         ValidationFailedError / PromptFileError / VerifyError: as for ``dsparkhub verify``.
     """
@@ -230,22 +318,33 @@ def schedule_release(draft: str | Path, target: str | Path, *, datasets=None, ma
     from dsparkhub.io.ownership import claim_output
     from dsparkhub.verify.prompts import load_datasets
     from dsparkhub.verify.runner import _validate
-    from dsparkhub.verify.sps_table import SPS_FILE, build_table, write_table
+    from dsparkhub.verify.sps_table import SPS_FILE, build_table, check_source, engine_table, write_table
 
     draft = resolve_step_dir(draft) if Path(draft).is_dir() else Path(draft)
     out = (Path(sps_out) if sps_out is not None else draft / SPS_FILE) if write_sps else None
     if out is not None:  # before any model loads: never over a drafter's own file, an existing table only if ours
         claim_output(out, overwrite=overwrite, kind="sps_table")
+    if report_out is not None:
+        claim_output(report_out, overwrite=overwrite, kind="schedule")
     if repeat_prompts < 1:
         raise VerifyError(f"repeat_prompts must be >= 1, found {repeat_prompts}")
+    check_source(sps_from)
     gamma = open_draft(draft).spec.block_size
     _validate(draft, target, gamma, warn, engine="reference")
     prompts = [p for ds in load_datasets(datasets, target, max_prompts=max_prompts) for p in ds.prompts]
     report = run_schedule(draft, target, prompts * repeat_prompts, **kwargs)
+    if report_out is not None:
+        from dsparkhub.io.output import replace_json
+
+        replace_json(report_out, report_dict(report))
     if out is None:
         return report, None
-    tokens, sps = report.profile.sps_probes()
     requests = sorted({r for r, _ in report.profile.samples})
+    if sps_from != "reference":  # a serving engine's own costs, labelled with it
+        table = engine_table(sps_from, draft=draft, target=target, n=report.gamma, requests=requests,
+                             context=report.profile_context)
+        return report, write_table(table, out, overwrite=overwrite)
+    tokens, sps = report.profile.sps_probes()
     table = build_table(tokens, sps, engine=report.engine, hardware=report.hardware,
                         source=f"dsparkhub schedule profile: synthetic steps of {requests} requests x verify widths "
                                f"0..{report.gamma}, {report.profile_context}-token context, median of "

@@ -23,11 +23,16 @@ from pathlib import Path
 
 from dsparkhub.errors import OutputExistsError, VerifyError
 from dsparkhub.io.output import replace_json
+from dsparkhub.verify.settings import VerifyArgumentError
 
-__all__ = ["SPS_FILE", "FORMAT", "build_table", "table_problems", "write_table"]
+__all__ = ["SPS_FILE", "FORMAT", "SOURCES", "build_table", "table_problems", "write_table", "check_source",
+           "engine_table"]
 
 SPS_FILE = "dspark_sps_table.json"
 FORMAT = "dsparkhub.sps/1"
+#: where ``dsparkhub schedule --sps-from`` takes the table from: the reference engine's profile, vLLM's
+#: ``vllm bench forward`` on this node's GPU, or SGLang's ``dspark_sps_profiler`` against a running server
+SOURCES = ("reference", "vllm-forward", "sglang=URL")
 
 
 def build_table(tokens: list[int], steps_per_sec: list[float], *, engine: str, hardware: str, source: str,
@@ -92,3 +97,57 @@ def write_table(data: dict, path: str | Path, *, overwrite: bool = False) -> Pat
     if problems:
         raise VerifyError("refusing to write an SPS table SGLang cannot read: " + "; ".join(problems), path=path)
     return replace_json(path, data)
+
+
+def check_source(sps_from: str) -> None:
+    """Refuse an unknown ``--sps-from`` before anything runs.
+
+    Raises:
+        VerifyArgumentError: not ``reference``, ``vllm-forward`` or ``sglang=http(s)://...``.
+    """
+    if sps_from in ("reference", "vllm-forward"):
+        return
+    url = sps_from.partition("=")[2] if sps_from.startswith("sglang=") else ""
+    if not url.startswith(("http://", "https://")):
+        raise VerifyArgumentError(f"--sps-from {sps_from!r}: expected one of reference, vllm-forward, "
+                                  "sglang=http://HOST:PORT (a running SGLang DSpark server)")
+
+
+def engine_table(sps_from: str, *, draft: str | Path, target: str | Path, n: int, requests: list[int],
+                 context: int) -> dict:
+    """The table from a serving engine's own step costs (``--sps-from vllm-forward`` or ``sglang=URL``).
+
+    Args:
+        draft / target: the drafter folder and the target (folder or Hub id) vLLM loads; n: verify widths 0 .. n;
+        requests: request counts (batch sizes) to time; context: tokens of context per request (vLLM only).
+
+    Raises:
+        VerifyArgumentError: an unknown source (:func:`check_source`).
+        VerifyError: SGLang's table would not load in its reader (:func:`table_problems`).
+        EngineUnavailableError / VerifyError: what :func:`dsparkhub.verify.vllm.bench_forward.bench_forward` or
+            :func:`dsparkhub.verify.sglang.sps_profiler.profile_sps` raise.
+    """
+    check_source(sps_from)
+    if sps_from == "vllm-forward":
+        from dsparkhub.verify.engines import detect_method
+        from dsparkhub.verify.vllm.bench_forward import bench_forward
+
+        costs, source = bench_forward(target=str(target), draft=str(draft), method=detect_method(draft), n=n,
+                                      requests=requests, context=context)
+        tokens, sps = costs.sps_probes()
+        return build_table(tokens, sps, engine="vllm (bench forward)", hardware=_gpu(), source=source)
+    from dsparkhub.verify.sglang.sps_profiler import profile_sps
+
+    data, source = profile_sps(base_url=sps_from.partition("=")[2], batch_sizes=requests)
+    problems = table_problems(data)
+    if problems:
+        raise VerifyError("SGLang's dspark_sps_profiler wrote a table its reader would refuse: " + "; ".join(problems))
+    return {**data, "format": FORMAT, "engine": "sglang (dspark_sps_profiler)", "hardware": "the server's GPUs",
+            "source": source}
+
+
+def _gpu() -> str:
+    """This node's first CUDA device in words (``vllm bench forward`` runs on it)."""
+    import torch
+
+    return f"{torch.cuda.get_device_name(0)} x1" if torch.cuda.is_available() else "cuda device (name unknown)"

@@ -273,7 +273,7 @@ def _plain_step(engine, batch: _Batch, active: list[_Request], temperature: floa
         req.pos += 1
     if costs is not None:
         engine._sync()
-        costs.record(len(active), None, 0.0, time.perf_counter() - t0)
+        costs.record(len(active), None, 0.0, time.perf_counter() - t0, context=max(r.pos for r in active) - 1)
 
 
 def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperature: float, counters: dict,
@@ -392,4 +392,5 @@ def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperatur
     batch.compact()
     if costs is not None:
         engine._sync()
-        costs.record(rows, k_max, t1 - t0, time.perf_counter() - t1, padded=rows * k_max - sum(map(len, drafts)))
+        costs.record(rows, k_max, t1 - t0, time.perf_counter() - t1, padded=rows * k_max - sum(map(len, drafts)),
+                     context=int(starts.max()))

@@ -74,6 +74,7 @@ class _Counters:
     verify_s: float = 0.0
     steps: int = 0
     recorder: object | None = None  # a ``calibration.ConfidenceRecorder`` (its ``record`` method); None in warm-up
+    costs: object | None = None  # a ``dsparkhub.verify.costs.StepCosts`` (``engine.step_costs``); None in warm-up
     prompt: int = 0
     request_drafts: list[int] = field(default_factory=list)  # per prompt, filled by ``_run``
     request_accepted: list[int] = field(default_factory=list)
@@ -129,8 +130,9 @@ class ReferenceEngine:
             eos_token_id = [eos_token_id]
         self.eos_ids: set[int] = set() if ignore_eos or eos_token_id is None else {int(e) for e in eos_token_id}
         self._warm = False
-        # confidence-scheduled verification and per-shape step costs (dsparkhub.verify.schedule sets them); either
-        # routes every run, concurrency 1 included, through batching.run_batched
+        # confidence-scheduled verification (dsparkhub.verify.schedule sets it; it routes every run, concurrency 1
+        # included, through batching.run_batched) and per-shape step costs (schedule and verify set them; recorded by
+        # the batch-1 loop and the batched one alike, warm-up excluded)
         self.scheduler = None  # a dsparkhub.verify.reference.policies.Scheduler
         self.step_costs = None  # a dsparkhub.verify.costs.StepCosts
         # intra-op threads for the model size: small models run fastest on one (dsparkhub.torch_threads)
@@ -214,7 +216,7 @@ class ReferenceEngine:
         if not self._warm and prompts:
             self._generate(prompts[0], n, min(4, max_new_tokens), 0.0, None, _Counters(accepted_per_pos=[0] * (n or 0)))
             self._warm = True
-        if concurrency != 1 or self.scheduler is not None or self.step_costs is not None:
+        if concurrency != 1 or self.scheduler is not None:
             if recorder is not None:
                 raise VerifyError("recording confidences runs one request at a time (concurrency 1), found "
                                   f"concurrency {concurrency}")
@@ -222,7 +224,7 @@ class ReferenceEngine:
 
             return run_batched(self, prompts, num_speculative_tokens=n, max_new_tokens=max_new_tokens,
                                temperature=temperature, seed=seed, concurrency=concurrency, progress=progress)
-        counters = _Counters(accepted_per_pos=[0] * (n or 0), recorder=recorder)
+        counters = _Counters(accepted_per_pos=[0] * (n or 0), recorder=recorder, costs=self.step_costs)
         outputs: list[list[int]] = []
         wall = 0.0
         ttft: list[float] = []
@@ -297,8 +299,11 @@ class ReferenceEngine:
                               use_cache=True)
             pending = self._choose(out.logits[0, -1], temperature, gen)
             self._sync()
-            c.verify_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            c.verify_s += dt
             c.steps += 1
+            if c.costs is not None:  # context: the cache before this step's token
+                c.costs.record(1, None, 0.0, dt, context=cache.get_seq_length() - 1)
             outputs.append(pending)
         return outputs
 
@@ -386,6 +391,8 @@ class ReferenceEngine:
             t2 = time.perf_counter()
             c.draft_s += t1 - t0
             c.verify_s += t2 - t1
+            if c.costs is not None:
+                c.costs.record(1, k, t1 - t0, t2 - t1, context=pos)
             c.steps += 1
             c.num_drafts += 1
             c.num_draft_tokens += k

@@ -68,7 +68,14 @@ warnings                                   list[str]            the warnings the
                                                                 draft token accepted (``derive.no_acceptance``)
 categories[]                          d    CategoryRow          SPEED-Bench runs: one per category x n x
                                                                 concurrency (``per_request``); ``[]`` otherwise
+step_costs                            o    StepCostsRecord |    where the time goes (issue 26): draft / verify
+                                           null                 seconds per step shape and the latency law per
+                                                                (n, concurrency); null where the engine does not
+                                                                time its steps (every backend but ``reference``)
 =========================================  ===================  ====================================================
+
+Keys marked ``o`` are optional: absent from the file when empty (older files and runs without step timing), read
+as their default.
 
 ``Baseline`` (``datasets[].baselines[]``): ``concurrency`` (int), ``prompts``, ``output_tokens`` (int),
 ``wall_s`` (float, median over repeats), ``tokens_per_s`` (float, median), ``tokens_per_s_repeats`` (list[float],
@@ -114,6 +121,21 @@ Latency | null), ``lossless`` (bool | null), ``first_mismatch`` ({prompt_index, 
 ``LoadRow`` (``load[]``): ``concurrency``, ``best_n`` (int | null: the n with the highest reliable mean speedup,
 ties to the smaller n; null when no speedup there is reliable), ``best_speedup`` (float | null), ``pays`` (bool |
 null: ``best_speedup > 1``).
+
+``StepCostsRecord`` (``step_costs``): ``source`` (str: what timed the steps, e.g. ``reference engine decoding
+steps``), ``shapes`` (list[StepShape]), ``law`` (list[LawRow]).
+
+``StepShape``: ``num_speculative_tokens`` (int | null: the configuration, null = the target alone), ``concurrency``
+(int, the run's), ``requests`` (int: requests in the step), ``width`` (int | null: the widest verify width, draft
+tokens; null for a target-alone step), ``context`` (int: context bucket, the step's longest context rounded up to a
+power of two, tokens), ``steps`` (int), ``draft_s`` / ``verify_s`` (float, medians, seconds per step).
+
+``LawRow``: ``num_speculative_tokens``, ``concurrency``, ``t_target_s`` / ``t_draft_s`` / ``t_verify_s`` (float:
+median seconds of a steady step, every request in flight), ``tau`` (float), ``predicted`` (float: T_target x τ /
+(T_draft + T_verify)), ``spread`` ([low, high]: the prediction from the steps' quartiles), ``ceiling`` (float: the
+prediction with every draft accepted, τ = n + 1), ``measured`` (float: the summary's mean speedup),
+``measured_spread`` ([lowest, highest] per-repeat speedup, ``[]`` with one repeat), ``flag`` (``""`` |
+``"above ceiling"`` | ``"shortfall"``), ``note`` (str: what the flag means, for a shortfall the term that dominates).
 
 In ``first_mismatch`` ``expected`` is the token without the drafter and ``found`` the token with it; either is
 ``null`` where that output had already ended (one output is a strict prefix of the other).
@@ -384,6 +406,49 @@ class LoadRow:
 
 
 @dataclass(config=_STRICT)
+class StepShape:
+    """Median draft and verify seconds of the steps of one shape, in one configuration's runs."""
+
+    num_speculative_tokens: int | None
+    concurrency: int
+    requests: int
+    width: int | None
+    context: int
+    steps: int
+    draft_s: float
+    verify_s: float
+
+
+@dataclass(config=_STRICT)
+class LawRow:
+    """The latency law L = (T_draft + T_verify) / τ for one (n, concurrency), beside the measured speedup
+    (:func:`dsparkhub.verify.costs.law_row` computes it; field meanings in the module docstring)."""
+
+    num_speculative_tokens: int
+    concurrency: int
+    t_target_s: float
+    t_draft_s: float
+    t_verify_s: float
+    tau: float
+    predicted: float
+    ceiling: float
+    spread: list[float]
+    measured: float
+    flag: str = ""
+    note: str = ""
+    measured_spread: list[float] = field(default_factory=list)
+
+
+@dataclass(config=_STRICT)
+class StepCostsRecord:
+    """Where the time goes: step costs per shape and the latency law, as the engine measured them."""
+
+    source: str
+    shapes: list[StepShape] = field(default_factory=list)
+    law: list[LawRow] = field(default_factory=list)
+
+
+@dataclass(config=_STRICT)
 class VerifyResults:
     """A whole results file (schema ``dsparkhub.verify.results/2``; see the module docstring for every key)."""
 
@@ -405,6 +470,8 @@ class VerifyResults:
     # /3 (baseline branch): what the speedups are measured against; /1, /2 files read as no speculation
     baseline: BaselineRef = field(default_factory=BaselineRef)
     categories: list[CategoryRow] = field(default_factory=list)  # issue 25, additive: SPEED-Bench matrix
+    # optional (issue 26, branch costs): step costs and the latency law; None where the engine does not time steps
+    step_costs: StepCostsRecord | None = None
     schema: str = SCHEMA
 
     # -- views ---------------------------------------------------------------------------------------------------
@@ -488,6 +555,8 @@ class VerifyResults:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable dict, keys in schema order (``schema`` first)."""
         d = asdict(self)
+        if d["step_costs"] is None:  # optional: a file without step costs reads as it did before the key existed
+            del d["step_costs"]
         return {"schema": d.pop("schema"), **d}
 
     def save(self, path: str | Path) -> Path:

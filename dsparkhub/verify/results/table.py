@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dsparkhub.verify.results.derive import mean_of
-from dsparkhub.verify.results.schema import VerifyResults
+from dsparkhub.verify.results.schema import LawRow, VerifyResults
 
 
 def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
@@ -24,7 +24,8 @@ def format_summary_table(results: VerifyResults) -> str:
     row; an unreliable speedup carries ``?`` and its reason is listed below; with several concurrencies, a load
     table (tokens/s, per-user tokens/s, TPOT, TTFT, best n) follows; with per-request figures, the token- vs
     request-weighted τ and TPOT / E2E percentile speedups (:func:`request_table`); with SPEED-Bench categories, the
-    category matrix (:func:`category_table`).
+    category matrix (:func:`category_table`); with step costs (reference engine) the
+    latency-law table (:func:`law_table`).
 
     The CLI prints it after ``dsparkhub verify``; library code never prints.
     """
@@ -63,6 +64,8 @@ def format_summary_table(results: VerifyResults) -> str:
         out += _table(*request_table(results)) + [""]
     if results.categories:
         out += _table(*category_table(results)) + [""]
+    if results.step_costs is not None and results.step_costs.law:
+        out += law_table(results.step_costs.law) + [""]
     out += reasons
     for row in results.load:
         out.append(f"concurrency {row.concurrency}: best n = {row.best_n if row.best_n is not None else '-'}"
@@ -71,6 +74,26 @@ def format_summary_table(results: VerifyResults) -> str:
         out.append(f"the drafter does not pay from concurrency {results.stops_paying_at} on")
     out += [f"incomplete: {line}" for line in results.incomplete]
     return "\n".join(out).rstrip()
+
+
+def law_table(law: list[LawRow]) -> list[str]:
+    """The latency law beside the measured speedup, one line per (n, concurrency): median ms per steady step
+    (every request in flight) of the target alone, drafting and verifying, τ, the predicted speedup T_target x τ /
+    (T_draft + T_verify) with its spread (the steps' quartiles), the ceiling (every draft accepted), the measured
+    speedup (with the repeats' range), and a note for a figure above its ceiling or well below its prediction."""
+    head = ["n", "conc", "T_target ms", "T_draft ms", "T_verify ms", "tau", "predicted (spread)", "ceiling",
+            "measured", "note"]
+    rows = []
+    for r in law:
+        measured = f"{r.measured:.2f}x" + (f" ({r.measured_spread[0]:.2f}-{r.measured_spread[1]:.2f})"
+                                            if len(r.measured_spread) == 2 else "")
+        rows.append([str(r.num_speculative_tokens), str(r.concurrency), f"{r.t_target_s * 1e3:.2f}",
+                     f"{r.t_draft_s * 1e3:.2f}", f"{r.t_verify_s * 1e3:.2f}", f"{r.tau:.2f}",
+                     f"{r.predicted:.2f}x ({r.spread[0]:.2f}-{r.spread[1]:.2f})", f"{r.ceiling:.2f}x",
+                     ("! " if r.flag == "above ceiling" else "") + measured,
+                     f"{r.flag}: {r.note}" if r.flag else ""])
+    return ["latency law L = (T_draft + T_verify) / tau, per steady step (every request in flight)"] + \
+        _table(head, rows)
 
 
 def load_table(results: VerifyResults) -> tuple[list[str], list[list[str]]]:
