@@ -113,3 +113,33 @@ def test_card_gets_matched_table_sla_row_and_pareto_plot(tmp_path):
     assert "| no speculation | 15.0 (~1.5) |" in text and "| n=3 | 37.5 (3) |" in text
     assert "![per-user vs total tokens/s](assets/per_user_vs_total.png)" in text
     assert (d / "assets" / "per_user_vs_total.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_real_reference_sweep_of_the_example(example, tmp_path):
+    """The example's DSpark drafter on the CPU reference engine at concurrency 1, 2, 4: three points per curve, every
+    matched-throughput cell either a speedup or the out-of-range note, and `compare` prints the tables."""
+    import shutil
+
+    import torch
+
+    from dsparkhub.verify.results.reading import read_results
+
+    torch.set_num_threads(1)
+    draft = tmp_path / "draft"
+    shutil.copytree(example.dspark_step, draft, symlinks=False,
+                    ignore=shutil.ignore_patterns("training_state*", "*.pt"))
+    out = tmp_path / "results.json"
+    r = CliRunner().invoke(main, ["verify", str(draft), "--target", str(example.target), "-n", "3",
+                                  "--concurrency", "1,2,4", "--datasets", f"heldout={example.prompts}",
+                                  "--max-prompts", "4", "--max-new-tokens", "16", "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    res = read_results(out)
+    assert res.lossless is True
+    assert [[p.concurrency for p in cv.points] for cv in curves(res)] == [[1, 2, 4], [1, 2, 4]]
+    cells = matched(res)
+    assert len(cells) == 3 and all((m.speedup is None) == (m.note == BEYOND_RANGE) for m in cells)
+    assert all(m.speedup > 0 for m in cells if m.speedup is not None)
+    r = CliRunner().invoke(main, ["compare", str(out), "--sla-tokens-per-s", "1"])
+    assert r.exit_code == 0, r.output
+    assert "Per-user tokens/s at matched total throughput" in r.output and "Best configuration" in r.output
