@@ -8,8 +8,15 @@ import pytest
 from click.testing import CliRunner
 
 from dsparkhub.cli import main
-from dsparkhub.verify.results.curves import (BASELINE_LABEL, BEYOND_RANGE, NOT_MET, best_per_concurrency, curves,
-                                             matched, sla_point)
+from dsparkhub.verify.results.curves import (
+    BASELINE_LABEL,
+    BEYOND_RANGE,
+    NOT_MET,
+    best_per_concurrency,
+    curves,
+    matched,
+    sla_point,
+)
 from dsparkhub.verify.results.derive import build_results
 from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings
 from dsparkhub.verify.stats import RunStats

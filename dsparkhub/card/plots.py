@@ -167,8 +167,8 @@ def plot_pareto(res: VerifyResults, path: Path, *, target: str | None = None) ->
         if not cv.points:
             continue
         xs, ys = [p.total_tokens_per_s for p in cv.points], [p.per_user_tokens_per_s for p in cv.points]
-        style = (dict(color="black", linestyle="--", marker="s", linewidth=2, zorder=3) if cv.n is None
-                 else dict(marker="o"))
+        style = ({"color": "black", "linestyle": "--", "marker": "s", "linewidth": 2, "zorder": 3} if cv.n is None
+                 else {"marker": "o"})
         ax.plot(xs, ys, label=cv.label, **style)
         for p in cv.points:
             ax.annotate(f"c={p.concurrency}", (p.total_tokens_per_s, p.per_user_tokens_per_s), fontsize=7,

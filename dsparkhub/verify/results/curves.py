@@ -29,6 +29,7 @@ It does not read files or render cards (``compare`` / ``card`` do).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from dsparkhub.verify.results.schema import VerifyResults
 
@@ -136,7 +137,7 @@ def per_user_at(curve: Curve, total_tokens_per_s: float) -> float | None:
     for p in pts:
         if p.total_tokens_per_s == total_tokens_per_s:
             return p.per_user_tokens_per_s
-    for p, q in zip(pts, pts[1:]):
+    for p, q in pairwise(pts):
         lo, hi = sorted((p.total_tokens_per_s, q.total_tokens_per_s))
         if lo <= total_tokens_per_s <= hi and hi > lo:
             f = (total_tokens_per_s - p.total_tokens_per_s) / (q.total_tokens_per_s - p.total_tokens_per_s)
@@ -159,7 +160,7 @@ def matched(res: VerifyResults) -> list[Matched]:
 def sla_point(curve: Curve, sla: float) -> SlaPoint:
     """The highest total tokens/s on ``curve`` with per-user tokens/s >= ``sla`` (see the module docstring)."""
     cands = [(p.total_tokens_per_s, float(p.concurrency)) for p in curve.points if p.per_user_tokens_per_s >= sla]
-    for p, q in zip(curve.points, curve.points[1:]):
+    for p, q in pairwise(curve.points):
         if (p.per_user_tokens_per_s - sla) * (q.per_user_tokens_per_s - sla) < 0:  # the segment crosses the SLA
             f = (p.per_user_tokens_per_s - sla) / (p.per_user_tokens_per_s - q.per_user_tokens_per_s)
             cands.append((p.total_tokens_per_s + f * (q.total_tokens_per_s - p.total_tokens_per_s),
