@@ -21,10 +21,11 @@ either has none) when their ``target.id`` are equal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsparkhub.errors import ResultsError
+from dsparkhub.verify.results.curves import tables as curve_tables
 from dsparkhub.verify.results.reading import read_results
 from dsparkhub.verify.results.schema import VerifyResults
 
@@ -101,13 +102,15 @@ class Crossover:
 
 @dataclass(frozen=True)
 class TargetComparison:
-    """Both seed tables for one target."""
+    """Both seed tables for one target, and per file its throughput-curve tables
+    (:func:`dsparkhub.verify.results.curves.tables`: matched throughput, SLA, best configuration)."""
 
     target: str
     rows: list[DrafterRow]
     concurrencies: list[int]
     load: dict[str, dict[int, LoadCell]]  # label -> concurrency -> cell
     crossover: Crossover | None
+    curves: dict[str, list[tuple[str, list[str], list[list[str]]]]] = field(default_factory=dict)
 
 
 # ---- reading ---------------------------------------------------------------------------------------------------
@@ -212,8 +215,10 @@ def crossover(load: dict[str, dict[int, LoadCell]], concurrencies: list[int]) ->
     return None
 
 
-def compare(sources: list[Source], ns: tuple[int, ...] = SEED_NS) -> list[TargetComparison]:
-    """Group the files by target (in order of first appearance) and build both tables for each target."""
+def compare(sources: list[Source], ns: tuple[int, ...] = SEED_NS,
+            slas: tuple[float, ...] = ()) -> list[TargetComparison]:
+    """Group the files by target (in order of first appearance) and build both tables for each target, plus each
+    file's throughput-curve tables with an SLA row per entry of ``slas`` (per-user tokens/s)."""
     groups: list[list[Source]] = []
     for src in sources:
         group = next((g for g in groups if same_target(g[0].results, src.results)), None)
@@ -227,7 +232,8 @@ def compare(sources: list[Source], ns: tuple[int, ...] = SEED_NS) -> list[Target
         load = {s.label: {c: cell for c in cs for cell in [load_cell(s.results, c)] if cell is not None}
                 for s in group}
         out.append(TargetComparison(target=group[0].results.target.id, rows=[drafter_row(s, ns) for s in group],
-                                    concurrencies=cs, load=load, crossover=crossover(load, cs)))
+                                    concurrencies=cs, load=load, crossover=crossover(load, cs),
+                                    curves={s.label: curve_tables(s.results, slas) for s in group}))
     return out
 
 
@@ -261,7 +267,8 @@ def _tables(cmp: TargetComparison, ns: tuple[int, ...]) -> list[tuple[str, list[
                          + ("" if cell.reliable else "?"))
         lrows.append(cells)
     second = ("τ and total output tokens/s per concurrency, each drafter at its best reliable n there", lhead, lrows)
-    return [first, second]
+    return [first, second] + [(f"{lab}: {title}", head, rows)
+                              for lab, tabs in cmp.curves.items() for title, head, rows in tabs]
 
 
 def _crossover_line(cmp: TargetComparison) -> str:
@@ -311,7 +318,8 @@ def format_markdown(comparisons: list[TargetComparison], ns: tuple[int, ...] = S
     return "\n".join(out).rstrip() + "\n"
 
 
-def card_section(primary: list[tuple[str, VerifyResults]], compare_paths: list[str | Path]) -> str:
+def card_section(primary: list[tuple[str, VerifyResults]], compare_paths: list[str | Path],
+                 slas: tuple[float, ...] = ()) -> str:
     """The card's comparison markdown: the card's own results first, then each ``--compare`` file, all of the
     card's target.
 
@@ -326,4 +334,4 @@ def card_section(primary: list[tuple[str, VerifyResults]], compare_paths: list[s
     others = [(str(p), read_results(p)) for p in compare_paths]
     for path, res in others:
         check_same_target(primary[0][1], res, path)
-    return format_markdown(compare(label_sources(list(primary) + others)))
+    return format_markdown(compare(label_sources(list(primary) + others), slas=slas))

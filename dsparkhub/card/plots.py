@@ -1,4 +1,5 @@
-"""The card's matplotlib plots (acceptance per position, speedup per n, speedup vs concurrency) and their file
+"""The card's matplotlib plots (acceptance per position, speedup per n, speedup vs concurrency, per-user vs total
+tokens/s) and their file
 names under ``assets/``. Does not decide what the card says (``dsparkhub.card.tables``).
 """
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from dsparkhub.card.facts import public_text
 from dsparkhub.card.tables import METHOD_LABELS, engine_label, is_reference
+from dsparkhub.verify.results.curves import curves
 from dsparkhub.verify.results.schema import VerifyResults
 
 
@@ -150,6 +152,35 @@ def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | Non
     return _save_png(fig, path)
 
 
+def plot_pareto(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
+    """PNG: per-user vs total output tokens/s over the concurrency sweep
+    (:func:`dsparkhub.verify.results.curves.curves`), one line per n and the baseline drawn distinctly (black,
+    dashed, square markers); each point is labelled with its concurrency. Up and to the right is better: the
+    matched-throughput speedup is the vertical gap to the baseline's line at the same x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
+    for cv in curves(res):
+        if not cv.points:
+            continue
+        xs, ys = [p.total_tokens_per_s for p in cv.points], [p.per_user_tokens_per_s for p in cv.points]
+        style = ({"color": "black", "linestyle": "--", "marker": "s", "linewidth": 2, "zorder": 3} if cv.n is None
+                 else {"marker": "o"})
+        ax.plot(xs, ys, label=cv.label, **style)
+        for p in cv.points:
+            ax.annotate(f"c={p.concurrency}", (p.total_tokens_per_s, p.per_user_tokens_per_s), fontsize=7,
+                        textcoords="offset points", xytext=(4, 4))
+    ax.set_xlabel("total output tokens/s (all requests)")
+    ax.set_ylabel("per-user tokens/s (mean over requests)")
+    ax.set_title(_plot_title("Per-user vs total throughput", res, target), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save_png(fig, path)
+
+
 def _save_png(fig, path: Path) -> Path:
     """Lay out, write ``fig`` to ``path`` as PNG and free it (pyplot keeps every open figure alive)."""
     import matplotlib.pyplot as plt
@@ -163,11 +194,11 @@ def _save_png(fig, path: Path) -> Path:
 
 
 def plot_names(results: list[VerifyResults]) -> list[tuple[str, str, str]]:
-    """Relative plot paths per results file (acceptance, speedup vs n, speedup vs concurrency): plain names for one
-    file, ``_<backend>[_b...]`` for several."""
+    """Relative plot paths per results file (acceptance, speedup vs n, speedup vs concurrency, per-user vs total
+    tokens/s): plain names for one file, ``_<backend>[_b...]`` for several."""
     if len(results) == 1:
         return [(f"{ASSETS_DIR}/acceptance_per_position.png", f"{ASSETS_DIR}/speedup_vs_n.png",
-                 f"{ASSETS_DIR}/speedup_vs_concurrency.png")]
+                 f"{ASSETS_DIR}/speedup_vs_concurrency.png", f"{ASSETS_DIR}/per_user_vs_total.png")]
     names, used = [], set()
     for res in results:
         tag = res.engine.backend.replace("-", "_")
@@ -176,5 +207,5 @@ def plot_names(results: list[VerifyResults]) -> list[tuple[str, str, str]]:
             k += 1
         used.add(t)
         names.append((f"{ASSETS_DIR}/acceptance_per_position_{t}.png", f"{ASSETS_DIR}/speedup_vs_n_{t}.png",
-                      f"{ASSETS_DIR}/speedup_vs_concurrency_{t}.png"))
+                      f"{ASSETS_DIR}/speedup_vs_concurrency_{t}.png", f"{ASSETS_DIR}/per_user_vs_total_{t}.png"))
     return names

@@ -36,8 +36,9 @@ from dsparkhub.card.facts import (
     read_config,
     read_provenance,
 )
+from dsparkhub.card.plots import (ASSETS_DIR, plot_acceptance, plot_names, plot_pareto, plot_speedup,
+                                  plot_speedup_vs_concurrency)
 from dsparkhub.card.timing import policies_context, time_context
-from dsparkhub.card.plots import ASSETS_DIR, plot_acceptance, plot_names, plot_speedup, plot_speedup_vs_concurrency
 from dsparkhub.compare import card_section
 from dsparkhub.card.tables import METHOD_LABELS, MODEL_PLACEHOLDER, card_data, is_reference, section, serve_commands
 from dsparkhub.repo_ids import is_repo_id as valid_repo_id
@@ -49,7 +50,7 @@ DEFAULT_TEMPLATE = "model_card.md.j2"
 
 def build_context(draft: str | Path, results: list[VerifyResults], *, license: str | None = None,
                   base_model: str | None = None, repo_id: str | None = None,
-                  checks: list[str | Path] | None = None) -> dict[str, Any]:
+                  checks: list[str | Path] | None = None, slas: tuple[float, ...] = ()) -> dict[str, Any]:
     """Everything the template renders, derived from the results, the drafter config and its provenance.
 
     Args:
@@ -61,6 +62,7 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
             results, the local target's config or manifest). A local path or folder name is never written.
         repo_id: the drafter's Hub repo id (``NS/NAME``), used as ``model`` in the serve commands.
         checks: ``vllm-check --json`` / ``sglang-check --json`` reports for the "Engine checks" lines.
+        slas: per-user tokens/s SLAs (``--sla-tokens-per-s``) for each section's "highest total throughput" row.
 
     Raises:
         CardError: no Hub repo id of the target is known (names ``--base-model``), the results disagree on the
@@ -97,7 +99,7 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
                                 max_model_len=serve_res.settings.max_model_len, sts_positions=sts),
         "engine_checks": engine_checks(list(checks or [])),
         "serve_reference": is_reference(serve_res),
-        "sections": (sections := [section(r, p, target=target) for r, p in zip(results, plots)]),
+        "sections": (sections := [section(r, p, target=target, slas=slas) for r, p in zip(results, plots)]),
         "time_sections": [{"title": sec["title"], **t} for r, sec in zip(results, sections)
                           if (t := time_context(r.step_costs)) is not None],
         "schedule": None,
@@ -178,7 +180,8 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
                license: str | None = None, base_model: str | None = None,
                repo_id: str | None = None, overwrite: bool = False,
                checks: list[str | Path] | None = None,
-               compare: list[str | Path] | None = None, schedule: str | Path | None = None) -> CardOutput:
+               compare: list[str | Path] | None = None, schedule: str | Path | None = None,
+               slas: tuple[float, ...] = ()) -> CardOutput:
     """Write ``README.md`` and ``assets/*.png`` into the drafter folder from results files.
 
     Everything is rendered into a temporary folder inside ``draft`` first; the plots are then renamed into
@@ -209,14 +212,14 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
                         hint="pass --overwrite to replace it, or move it away first")
     results = load_results_for(draft, list(results_paths))
     context = build_context(draft, results, license=license, base_model=base_model, repo_id=repo_id,
-                            checks=checks)
+                            checks=checks, slas=slas)
     if schedule is not None:  # the policies compared (dsparkhub schedule --out)
         from dsparkhub.verify.schedule import advice, read_report
 
         report, _ = read_report(schedule)  # the advice is derived again from the rows, as this version words it
         context["schedule"] = policies_context(report, advice(report))
     if compare:  # the drafter comparison (dsparkhub.compare), every file of the card's target
-        context["comparison"] = card_section(list(zip(map(str, results_paths), results)), list(compare))
+        context["comparison"] = card_section(list(zip(map(str, results_paths), results)), list(compare), slas)
     text = render_card(context, template).rstrip("\n") + f"\n\n{CARD_MARKER}\n"
     staging = Path(tempfile.mkdtemp(prefix=".dsparkhub-card-", dir=draft))
     try:
@@ -225,6 +228,8 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
             todo = [(sec["plot_acceptance"], plot_acceptance), (sec["plot_speedup"], plot_speedup)]
             if sec["plot_concurrency"]:
                 todo.append((sec["plot_concurrency"], plot_speedup_vs_concurrency))
+            if sec["plot_pareto"]:
+                todo.append((sec["plot_pareto"], plot_pareto))
             for rel, plot in todo:
                 tmp = staging / Path(rel).name
                 plot(res, tmp, target=context["target"])

@@ -14,6 +14,7 @@ from typing import Any
 
 from dsparkhub.card.facts import is_hub_name, public_text
 from dsparkhub.serving import ENGINES, METHODS
+from dsparkhub.verify.results.curves import tables as curve_tables
 from dsparkhub.verify.results.schema import ModelRef, VerifyResults
 
 
@@ -158,7 +159,8 @@ def engine_label(res: VerifyResults) -> str:
     return f"{res.engine.version}, {res.engine.device}"
 
 
-def section(res: VerifyResults, plots: tuple[str, ...], *, target: str) -> dict[str, Any]:
+def section(res: VerifyResults, plots: tuple[str, ...], *, target: str,
+            slas: tuple[float, ...] = ()) -> dict[str, Any]:
     """The template context of one results file's "Evaluation" block; ``target`` is the card's Hub id of the target,
     shown as the target measured unless the file names another Hub id (a results file names a local target by its
     folder name when it knew no Hub id)."""
@@ -223,6 +225,8 @@ def section(res: VerifyResults, plots: tuple[str, ...], *, target: str) -> dict[
         "load": _load_context(res), "setup": setup_line(res),
         "requests": _request_context(res), "categories": _category_context(res),
         "plot_concurrency": plots[2] if len(plots) > 2 and len(s.concurrency) > 1 else None,
+        "curves": (curves := [{"title": t, "head": h, "rows": r} for t, h, r in curve_tables(res, slas, best=False)]),
+        "plot_pareto": plots[3] if len(plots) > 3 and curves else None,
     }
 
 

@@ -18,6 +18,11 @@ from dsparkhub.cli.render import (
 )
 from dsparkhub.secrets import redact
 
+#: ``--sla-tokens-per-s`` of ``compare`` and ``card``: per-user SLAs for the "highest total throughput" row
+SLA_OPTION = click.option("--sla-tokens-per-s", "slas", multiple=True, type=click.FloatRange(min=0, min_open=True),
+                          help="Per-user tokens/s SLA (repeat): the highest total tokens/s still meeting it, per "
+                               "configuration, interpolated along its throughput curve.")
+
 
 @click.command()
 @click.argument("draft", type=click.Path())
@@ -36,14 +41,15 @@ from dsparkhub.secrets import redact
               help="Results file of another drafter of the same target (repeat): the card gets the comparison tables.")
 @click.option("--schedule", "schedule_path", type=click.Path(exists=True, dir_okay=False),
               help="`dsparkhub schedule --out` report: the card's 'Where the time goes' compares the policies.")
+@SLA_OPTION
 def card(draft, results_paths, template, license_, base_model, repo_id, overwrite, check_paths,
-         compare_paths, schedule_path) -> None:
+         compare_paths, schedule_path, slas) -> None:
     """Write README.md (model card) and plots into the drafter folder from verify results files."""
     from dsparkhub.card.render import write_card
 
     out = write_card(draft, list(results_paths), template=template, license=license_, base_model=base_model,
                      repo_id=repo_id, overwrite=overwrite, checks=list(check_paths),
-                     compare=list(compare_paths), schedule=schedule_path)
+                     compare=list(compare_paths), schedule=schedule_path, slas=tuple(slas))
     click.echo(f"wrote {out.readme}")
     for p in out.plots:
         click.echo(f"wrote {p}")
@@ -56,13 +62,15 @@ def card(draft, results_paths, template, license_, base_model, repo_id, overwrit
 
 @click.command("compare")
 @click.argument("results_paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-def compare(results_paths) -> None:
+@SLA_OPTION
+def compare(results_paths, slas) -> None:
     """Compare drafters from `dsparkhub verify` results files: per target, mean speedup at n=3 / n=7 and the
-    change, and τ / tokens/s per concurrency with the crossover (means unweighted over datasets)."""
+    change, and τ / tokens/s per concurrency with the crossover (means unweighted over datasets); per file, the
+    per-user speedup at matched total throughput, the SLA row and the best configuration per concurrency."""
     from dsparkhub.compare import compare as compare_results
     from dsparkhub.compare import format_text, load_sources
 
-    click.echo(format_text(compare_results(load_sources(list(results_paths)))))
+    click.echo(format_text(compare_results(load_sources(list(results_paths)), slas=tuple(slas))))
 
 
 @click.command()
