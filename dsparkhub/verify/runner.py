@@ -205,6 +205,12 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     if isinstance(backend, str) and method is not None and method not in row.methods:
         raise EngineUnavailableError(f"the {row.label} ({row.name}) does not serve {method} drafters; it serves "
                                      f"{', '.join(row.methods)}", hint="pick another --backend")
+    layout_notes: list[str] = []
+    if isinstance(backend, str):  # T x P fits the node / Ray cluster, layers split, drafter runs under it
+        from dsparkhub.verify.parallel import check_layout
+
+        layout_notes = check_layout(settings.layout(), backend=backend, target=target, method=method,
+                                    speculative_config=spec_options.speculative_config if spec_options else None)
     if isinstance(backend, str) and method in row.gpu_methods:
         refuse_dspark_without_gpu(method)
     noted: list[str] = []  # stored in the results file as `warnings`, and passed on to `warn`
@@ -216,6 +222,11 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
 
     for line in spec_notes:
         note(line)
+    for line in layout_notes:
+        if line.startswith("warning"):
+            note(line)
+        elif warn is not None:
+            warn(line)
     if check:
         # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
         served_name = isinstance(backend, str) and row.server and not Path(target).is_dir()
@@ -244,7 +255,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     else:
         engine = make_backend(backend, target=target, draft=draft, method=method, device=settings.device,
                               tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
-                              compilation_config=settings.compilation_config,
+                              compilation_config=settings.compilation_config, layout=settings.layout(),
                               confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
                               baseline_url=settings.baseline_url,
                               speculative_config=spec_options.speculative_config if spec_options else None) \
