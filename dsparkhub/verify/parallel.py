@@ -278,13 +278,17 @@ def check_layout(layout: ParallelLayout, *, backend: str, target: str, method: s
                 max(found.gpus_per_node) < layout.tensor_parallel_size:
             notes.append(f"warning: no Ray node has {layout.tensor_parallel_size} GPUs (per node: "
                          f"{list(found.gpus_per_node)}); each TP group then spans nodes (slow all-reduce)")
+    if pp > 1 and gpu is False and contract.value("runner_attribute") is not None and \
+            not (facts["v1_runner_spec_pp"] and facts["v1_runner_cpu_pp"]):
+        drafter = "" if method is None else (
+            f"; the {method} drafter cannot run either: the V1 runner builds it on the last PP rank only and reads "
+            "it on every rank (\"'CPUModelRunner' object has no attribute 'drafter'\" on the ranks before the last)")
+        raise LayoutRefusedError(
+            f"{layout.words()} on CPU: vLLM {contract.version} runs CPU in its V1 model runner, where PP > 1 fails "
+            f"already for the target alone (the scheduler loses the request: KeyError in update_from_output)"
+            f"{drafter} ({source})", hint="measure PP > 1 on GPU nodes (the V2 model runner), or --pp 1 on CPU "
+                                          "(--tp 2 with --distributed-executor-backend mp runs)")
     if pp > 1 and method is not None:
-        if not gpu and contract.value("runner_attribute") is not None and not facts["v1_runner_spec_pp"]:
-            raise LayoutRefusedError(
-                f"{layout.words()} with a {method} drafter on CPU: vLLM {contract.version} runs CPU in its V1 model "
-                "runner, which builds the drafter on the last PP rank only and reads it on every rank, so the ranks "
-                "before the last fail with \"'CPUModelRunner' object has no attribute 'drafter'\" "
-                f"({source})", hint="measure PP > 1 on GPU nodes (the V2 model runner), or --pp 1 on CPU (--tp works)")
         if (speculative_config or {}).get("enable_adaptive_verification") and not facts["adaptive_verification_pp"]:
             raise LayoutRefusedError(f"adaptive verification with PP {pp}: vLLM {contract.version} refuses it "
                                      f"(\"Adaptive verification is not currently compatible with pipeline "
