@@ -18,8 +18,8 @@ from typing import Callable, Mapping
 
 from dsparkhub.errors import EngineUnavailableError
 
-__all__ = ["LayoutRefusedError", "ParallelLayout", "Resources", "check_layout", "pp_partition", "probe_resources",
-           "target_geometry"]
+__all__ = ["LayoutRefusedError", "ParallelLayout", "Resources", "check_layout", "layout_of", "pp_partition",
+           "probe_resources", "target_geometry"]
 
 EXECUTORS = ("ray", "mp")
 # SGLang 0.5.23 refuses speculative decoding with PP > 1 in its server-argument hooks.
@@ -95,6 +95,14 @@ class Resources:
         free = "" if self.available_gpus is None else \
             f" ({self.available_gpus} GPU(s), {self.available_cpus} CPU(s) available now)"
         return f"{self.where}: {self.gpus} GPU(s), {self.cpus} CPU(s){free}"
+
+
+def layout_of(settings) -> ParallelLayout:
+    """The layout of a :class:`~dsparkhub.verify.settings.VerifySettings` (``--ray-address`` alone implies the Ray
+    executor)."""
+    executor = settings.distributed_executor_backend or ("ray" if settings.ray_address else None)
+    return ParallelLayout(settings.tensor_parallel_size, settings.pipeline_parallel_size, executor,
+                          settings.ray_address)
 
 
 def probe_resources(layout: ParallelLayout) -> Resources:

@@ -44,6 +44,7 @@ from dsparkhub.validate.record import validate_reusing
 from dsparkhub.validate.report import validation_error
 from dsparkhub.verify.context import check_new_tokens, check_prompts
 from dsparkhub.verify.engines import check_engine_options, detect_method, engine_entry, make_backend
+from dsparkhub.verify.parallel import check_layout, layout_of
 from dsparkhub.verify.results.derive import build_results, no_acceptance
 from dsparkhub.verify.results.identity import target_fingerprint
 from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings, VerifyResults
@@ -207,9 +208,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                                      f"{', '.join(row.methods)}", hint="pick another --backend")
     layout_notes: list[str] = []
     if isinstance(backend, str):  # T x P fits the node / Ray cluster, layers split, drafter runs under it
-        from dsparkhub.verify.parallel import check_layout
-
-        layout_notes = check_layout(settings.layout(), backend=backend, target=target, method=method,
+        layout_notes = check_layout(layout_of(settings), backend=backend, target=target, method=method,
                                     speculative_config=spec_options.speculative_config if spec_options else None)
     if isinstance(backend, str) and method in row.gpu_methods:
         refuse_dspark_without_gpu(method)
@@ -255,7 +254,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
     else:
         engine = make_backend(backend, target=target, draft=draft, method=method, device=settings.device,
                               tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
-                              compilation_config=settings.compilation_config, layout=settings.layout(),
+                              compilation_config=settings.compilation_config, layout=layout_of(settings),
                               confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
                               baseline_url=settings.baseline_url,
                               speculative_config=spec_options.speculative_config if spec_options else None) \

@@ -63,7 +63,7 @@ class VerifySettings:
         tensor_parallel_size / max_model_len / compilation_config: vLLM engine settings.
         pipeline_parallel_size / distributed_executor_backend / ray_address: the rest of the layout (vLLM
             ``--pipeline-parallel-size``, ``ray`` | ``mp``, the Ray cluster); checked before anything loads
-            (:func:`dsparkhub.verify.parallel.check_layout`).
+            (:func:`dsparkhub.verify.parallel.layout_of`, ``check_layout``).
         confidence_threshold: proposal truncation threshold (reference engine).
         server_url / baseline_url: running servers with and without the drafter (``*-serve`` backends).
         load: concurrency axis, repeats and threads (:class:`LoadOptions`; default one request at a time, once).
@@ -93,14 +93,6 @@ class VerifySettings:
     baseline_url: str | None = None
     load: LoadOptions = field(default_factory=LoadOptions)
     allow_beyond_context: bool = False
-
-    def layout(self):
-        """The :class:`~dsparkhub.verify.parallel.ParallelLayout` of these settings (``--ray-address`` alone
-        implies the Ray executor)."""
-        from dsparkhub.verify.parallel import ParallelLayout
-
-        executor = self.distributed_executor_backend or ("ray" if self.ray_address else None)
-        return ParallelLayout(self.tensor_parallel_size, self.pipeline_parallel_size, executor, self.ray_address)
 
 
 class VerifyArgumentError(DsparkhubError, ValueError):
