@@ -118,3 +118,15 @@ def test_card_of_a_k3_drafter_carries_the_multinode_commands():
     text = _multinode("moonshotai/Kimi-K3", "someone/K3-drafter", 5)
     assert '"model": "someone/K3-drafter"' in text and '"num_speculative_tokens": 5' in text
     assert _multinode("Qwen/Qwen3-8B", "someone/x", 5) is None
+
+
+def test_serve_sweep_passes_the_layout_to_vllm_serve(tmp_path):
+    """--concurrency with --pp: the owned `vllm serve` gets the pipeline size, the executor and RAY_ADDRESS."""
+    from dsparkhub.verify.vllm.sweep import sweep_backend
+
+    backend = sweep_backend("vllm", target="t", draft="d", method="dflash", concurrency=[1, 2],
+                            prompts_per_dataset=[4], out=tmp_path / "r.json", tensor_parallel_size=8,
+                            layout=ParallelLayout(8, 2, "ray", "head:6379"))
+    args = " ".join(backend.serve_args)
+    assert "--tensor-parallel-size 8" in args and "--pipeline-parallel-size 2" in args
+    assert "--distributed-executor-backend ray" in args and backend.env["RAY_ADDRESS"] == "head:6379"

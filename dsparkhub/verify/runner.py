@@ -250,7 +250,7 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                                tensor_parallel_size=settings.tensor_parallel_size,
                                max_model_len=settings.max_model_len, compilation_config=settings.compilation_config,
                                server_url=settings.server_url, baseline_url=settings.baseline_url,
-                               tokenizer=tokenizer)
+                               tokenizer=tokenizer, layout=layout_of(settings))
     else:
         engine = make_backend(backend, target=target, draft=draft, method=method, device=settings.device,
                               tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
