@@ -76,7 +76,7 @@ def test_cpu_refusals_name_vllms_source(example):
         check_layout(ParallelLayout(2, 1, "ray"), backend="vllm", target=str(example.target), method="dflash",
                      resources=cpu)
     with pytest.raises(LayoutRefusedError, match=r"KeyError in update_from_output.*'CPUModelRunner' object has no "
-                                                 r"attribute 'drafter'.*gpu_model_runner.py:590.*scheduler.py:2105"):
+                                                 r"attribute 'drafter'.*scheduler.py:2105.*gpu_model_runner.py:590"):
         check_layout(ParallelLayout(1, 2, "mp"), backend="vllm", target=str(example.target), method="dflash",
                      resources=cpu)
     assert check_layout(ParallelLayout(2, 1, "mp"), backend="vllm", target=str(example.target), method="dflash",

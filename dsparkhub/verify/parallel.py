@@ -157,7 +157,7 @@ def pp_partition(num_layers: int, pp: int, env: Mapping[str, str] | None = None)
             or with a stage of no layers.
     """
     env = os.environ if env is None else env
-    source = "vLLM get_pp_indices (vllm/distributed/utils.py:126-170)"
+    source = "vLLM get_pp_indices (vllm/distributed/utils.py:126-170 in 0.32, :211 in 0.34)"
     given = env.get("VLLM_PP_LAYER_PARTITION")
     if given:
         try:
@@ -267,7 +267,9 @@ def check_layout(layout: ParallelLayout, *, backend: str, target: str, method: s
 
     contract = installed_contract()
     facts = contract.value("parallel")
-    source = contract.source("parallel")
+
+    def source(*rules: str) -> str:
+        return f"vLLM {contract.line} " + "; ".join(facts["sources"][r] for r in rules)
     if backend == "vllm" or layout.ray_address:
         found = resources(layout)
         if gpu is None:
@@ -280,7 +282,7 @@ def check_layout(layout: ParallelLayout, *, backend: str, target: str, method: s
             raise LayoutRefusedError(
                 f"--distributed-executor-backend ray on CPU: vLLM {contract.version}'s CPU platform has no Ray device "
                 f"key, so its Ray executor refuses to start (\"current platform cpu does not support ray.\"; "
-                f"{source}); found {found.words()}",
+                f"{source('ray_device_key')}); found {found.words()}",
                 hint="use --distributed-executor-backend mp on one CPU node, or Ray on GPU nodes")
         if layout.executor == "ray" and gpu and found.gpus_per_node and \
                 max(found.gpus_per_node) < layout.tensor_parallel_size:
@@ -294,19 +296,21 @@ def check_layout(layout: ParallelLayout, *, backend: str, target: str, method: s
         raise LayoutRefusedError(
             f"{layout.words()} on CPU: vLLM {contract.version} runs CPU in its V1 model runner, where PP > 1 fails "
             f"already for the target alone (the scheduler loses the request: KeyError in update_from_output)"
-            f"{drafter} ({source})", hint="measure PP > 1 on GPU nodes (the V2 model runner), or --pp 1 on CPU "
-                                          "(--tp 2 with --distributed-executor-backend mp runs)")
+            f"{drafter} ({source('v1_runner_cpu_pp', *(['v1_runner_spec_pp'] if method else []))})",
+            hint="measure PP > 1 on GPU nodes (the V2 model runner), or --pp 1 on CPU (--tp 2 with "
+                 "--distributed-executor-backend mp runs)")
     if pp > 1 and method is not None:
         if (speculative_config or {}).get("enable_adaptive_verification") and not facts["adaptive_verification_pp"]:
             raise LayoutRefusedError(f"adaptive verification with PP {pp}: vLLM {contract.version} refuses it "
                                      f"(\"Adaptive verification is not currently compatible with pipeline "
-                                     f"parallelism\"; {source})", hint="--adaptive-verification off, or --pp 1")
-        notes.append(f"the {method} drafter runs whole on the last pipeline stage (its own PP 1, vLLM "
-                     f"{contract.line}: {facts['draft_stage']} rank)")
+                                     f"parallelism\"; {source('adaptive_verification_pp')})",
+                                     hint="--adaptive-verification off, or --pp 1")
+        notes.append(f"the {method} drafter runs whole on the {facts['draft_stage']} pipeline stage, itself at "
+                     f"PP 1 ({source('draft_stage')})")
         model_type = geometry[1] if geometry else None
         if model_type and model_type not in facts["aux_relay_model_types"]:
             notes.append(f"warning: vLLM {contract.line} relays the drafter's target hidden states across PP stages "
                          f"only for targets whose decoder supports it ({', '.join(facts['aux_relay_model_types'])} "
                          f"read in its sources); {model_type} is not among them, so the engine may refuse at load "
-                         "(\"does not support ... with pipeline parallelism\")")
+                         f"(\"does not support ... with pipeline parallelism\"; {source('aux_relay_model_types')})")
     return notes
