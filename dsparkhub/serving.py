@@ -111,7 +111,8 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            module="dsparkhub.verify.vllm.offline", cls="VllmBackend",
            arguments={"target": "target", "draft": "drafter", "method": "method",
                       "tensor_parallel_size": "tensor_parallel_size", "max_model_len": "max_model_len",
-                      "compilation_config": "compilation_config", "speculative_config": "speculative_extra"},
+                      "compilation_config": "compilation_config", "speculative_config": "speculative_extra",
+                      "engine_args": "extra_engine_args", "env": "env"},
            settings=frozenset({"tensor_parallel_size", "max_model_len", "compilation_config", "speculative_config"}),
            gpu_methods=("dspark",)),  # vLLM 0.32 runs DSpark in its V2 GPU model runner only (config/vllm.py)
     Engine("vllm-serve", "vLLM server", server=True, batching="bench-serve", final_layer_state="raw",

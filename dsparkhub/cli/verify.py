@@ -31,6 +31,13 @@ from dsparkhub.serving import engine_names, method_names, sglang_algorithms
 @click.option("--out", type=click.Path(), default="results.json", show_default=True, help="Results file.")
 @click.option("--device", help="Reference engine device (cpu, cuda).")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel size (vLLM).")
+@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Pipeline-parallel size (vLLM): the target's layers split over PP stages of TP ranks each; "
+                   "checked against the node or Ray cluster before anything loads.")
+@click.option("--distributed-executor-backend", "executor", type=click.Choice(["ray", "mp"]),
+              help="vLLM's executor: ray (a Ray cluster, several nodes) or mp (one node); default vLLM's choice.")
+@click.option("--ray-address", help="Ray cluster to run on and check (`ray start --head`'s HOST:PORT); implies "
+                                    "--distributed-executor-backend ray.")
 @click.option("--max-model-len", type=click.IntRange(min=1), help="Engine context length (vLLM).")
 @click.option("--compilation-config", callback=json_dict, help="vLLM compilation config as JSON.")
 @click.option("--server-url", help="Base URL of a running `vllm serve` started with the drafter "
@@ -65,7 +72,7 @@ from dsparkhub.serving import engine_names, method_names, sglang_algorithms
               "layers, vLLM backends), or another drafter folder at n (default: its block size; reference engine).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
-           device, tp, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
+           device, tp, pp, executor, ray_address, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
            overwrite, allow_beyond_context, concurrency, repeats, threads, adaptive_verification,
            speculative_options, lossless_at_block_size, baseline, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
@@ -85,7 +92,8 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
             settings=VerifySettings(
                 num_speculative_tokens=ns, datasets=list(datasets), max_new_tokens=max_new_tokens,
                 temperature=temperature, seed=seed, max_prompts=max_prompts, method=method, device=device,
-                tensor_parallel_size=tp, max_model_len=max_model_len, compilation_config=compilation_config,
+                tensor_parallel_size=tp, pipeline_parallel_size=pp, distributed_executor_backend=executor,
+                ray_address=ray_address, max_model_len=max_model_len, compilation_config=compilation_config,
                 confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url,
                 load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats, intra_op_threads=threads),
                 allow_beyond_context=allow_beyond_context, baseline=baseline),

@@ -277,6 +277,9 @@ class Serving(_Strict):
     speculative_config: dict[str, Any] = {}
     compilation_config: dict[str, Any] = {}
     tensor_parallel_size: PositiveInt | None = None
+    # a layout across nodes (vLLM on Ray): stages and nodes; dsparkhub.card.multinode writes its commands
+    pipeline_parallel_size: PositiveInt | None = None
+    nodes: PositiveInt | None = None
     max_model_len: PositiveInt | None = None
     batch_size: PositiveInt | None = None
     temperature: float | None = None

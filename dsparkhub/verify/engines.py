@@ -48,7 +48,7 @@ def make_backend(name: str, *, target: str, draft: str | OpenedDraft, method: st
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  compilation_config: dict | None = None, confidence_threshold: float | None = None,
                  server_url: str | None = None, baseline_url: str | None = None,
-                 speculative_config: dict | None = None) -> Backend:
+                 speculative_config: dict | None = None, layout=None) -> Backend:
     """Construct a verify backend by name, importing its module only now.
 
     Args:
@@ -65,6 +65,8 @@ def make_backend(name: str, *, target: str, draft: str | OpenedDraft, method: st
         server_url: base URL of ``vllm serve`` with the drafter (``vllm-serve`` only).
         baseline_url: base URL of a ``vllm serve`` of the same target without a drafter (``vllm-serve`` only).
         speculative_config: extra keys for vLLM's ``speculative_config`` (``vllm`` only; ``spec_options``).
+        layout: the :class:`~dsparkhub.verify.parallel.ParallelLayout` (``vllm``: pipeline parallel size,
+            executor and ``RAY_ADDRESS`` for the engine; checked before by ``check_layout``).
 
     Raises:
         EngineUnavailableError: unknown name, the engine's module is missing (vLLM not installed), or a setting the
@@ -77,7 +79,9 @@ def make_backend(name: str, *, target: str, draft: str | OpenedDraft, method: st
     values = {"target": target, "draft": folder, "opened_draft": draft, "method": method, "device": device,
               "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len,
               "compilation_config": compilation_config, "confidence_threshold": confidence_threshold,
-              "server_url": server_url, "baseline_url": baseline_url, "speculative_config": speculative_config or None}
+              "server_url": server_url, "baseline_url": baseline_url, "speculative_config": speculative_config or None,
+              "engine_args": (layout.engine_args() or None) if layout else None,
+              "env": (layout.env() or None) if layout else None}
     try:
         cls = engine.load()
     except ImportError as exc:

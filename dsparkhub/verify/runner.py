@@ -48,6 +48,7 @@ from dsparkhub.validate.report import validation_error
 from dsparkhub.verify.context import check_new_tokens, check_prompts
 from dsparkhub.verify.costs import StepCosts, step_costs_record
 from dsparkhub.verify.engines import check_engine_options, detect_method, engine_entry, make_backend
+from dsparkhub.verify.parallel import check_layout, layout_of
 from dsparkhub.verify.results.derive import build_results, no_acceptance
 from dsparkhub.verify.results.identity import target_fingerprint
 from dsparkhub.verify.baseline import baseline_engine, baseline_n, check_baseline, parse_baseline
@@ -261,6 +262,10 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
     if isinstance(backend, str) and method is not None and method not in row.methods:
         raise EngineUnavailableError(f"the {row.label} ({row.name}) does not serve {method} drafters; it serves "
                                      f"{', '.join(row.methods)}", hint="pick another --backend")
+    layout_notes: list[str] = []
+    if isinstance(backend, str):  # T x P fits the node / Ray cluster, layers split, drafter runs under it
+        layout_notes = check_layout(layout_of(settings), backend=backend, target=target, method=method,
+                                    speculative_config=spec_options.speculative_config if spec_options else None)
     if isinstance(backend, str) and method in row.gpu_methods:
         refuse_dspark_without_gpu(method)
     noted: list[str] = []  # stored in the results file as `warnings`, and passed on to `warn`
@@ -272,6 +277,11 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
 
     for line in spec_notes:
         note(line)
+    for line in layout_notes:
+        if line.startswith("warning"):
+            note(line)
+        elif warn is not None:
+            warn(line)
     if check:
         # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
         served_name = isinstance(backend, str) and row.server and not Path(target).is_dir()
@@ -301,12 +311,12 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                                tensor_parallel_size=settings.tensor_parallel_size,
                                max_model_len=settings.max_model_len, compilation_config=settings.compilation_config,
                                server_url=settings.server_url, baseline_url=settings.baseline_url,
-                               tokenizer=tokenizer)
+                               tokenizer=tokenizer, layout=layout_of(settings))
     else:
         engine = make_backend(backend, target=target, draft=opened or draft, method=method,
                               device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
                               max_model_len=settings.max_model_len,
-                              compilation_config=settings.compilation_config,
+                              compilation_config=settings.compilation_config, layout=layout_of(settings),
                               confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
                               baseline_url=settings.baseline_url,
                               speculative_config=spec_options.speculative_config if spec_options else None) \

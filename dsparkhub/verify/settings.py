@@ -61,6 +61,9 @@ class VerifySettings:
             contradicts the drafter is refused).
         device: ``cpu`` / ``cuda`` for the reference engine (None = its default).
         tensor_parallel_size / max_model_len / compilation_config: vLLM engine settings.
+        pipeline_parallel_size / distributed_executor_backend / ray_address: the rest of the layout (vLLM
+            ``--pipeline-parallel-size``, ``ray`` | ``mp``, the Ray cluster); checked before anything loads
+            (:func:`dsparkhub.verify.parallel.layout_of`, ``check_layout``).
         confidence_threshold: proposal truncation threshold (reference engine).
         server_url / baseline_url: running servers with and without the drafter (``*-serve`` backends).
         load: concurrency axis, repeats and threads (:class:`LoadOptions`; default one request at a time, once).
@@ -82,6 +85,9 @@ class VerifySettings:
     method: str | None = None
     device: str | None = None
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    ray_address: str | None = None
     max_model_len: int | None = None
     compilation_config: dict | None = None
     confidence_threshold: float | None = None

@@ -32,7 +32,7 @@ __all__ = ["Fact", "VllmContract", "contract_for", "installed_contract", "lines"
 CONTRACT_FILE = Path(__file__).with_name("contract.yaml")
 #: the fact kinds every line defines (contract.yaml explains each).
 FACT_KINDS = ("runner_attribute", "drafter_classes", "refusals", "loader_guards", "shares_from_target",
-              "removed_speculative_keys", "metrics", "cpu_stand_in", "touches")
+              "removed_speculative_keys", "metrics", "cpu_stand_in", "parallel", "touches")
 _VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)")
 
 

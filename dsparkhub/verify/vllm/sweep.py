@@ -287,12 +287,13 @@ def sweep_backend(name: str, *, target: str, draft: str, method: str | None, con
                   prompts_per_dataset: Sequence[int], dataset_names: Sequence[str] | None = None,
                   out: str | Path | None = None, tensor_parallel_size: int = 1, max_model_len: int | None = None,
                   compilation_config: dict | None = None, server_url: str | None = None,
-                  baseline_url: str | None = None, tokenizer=None) -> VllmServeSweepBackend:
+                  baseline_url: str | None = None, tokenizer=None, layout=None) -> VllmServeSweepBackend:
     """The backend ``run_verify`` uses for ``--backend vllm|vllm-serve`` with ``--concurrency`` (checked first).
 
     Owned servers get ``--tensor-parallel-size``, ``--max-model-len``, ``--compilation-config`` as given, and on a
     machine without CUDA ``--enforce-eager`` (as the offline backend) and, unless ``VLLM_CPU_KVCACHE_SPACE`` is
-    set, a 1 GiB KV cache. Logs go to ``OUT_STEM.vllm/`` next to ``out`` (a new temporary folder without ``out``).
+    set, a 1 GiB KV cache; a ``layout`` (:class:`~dsparkhub.verify.parallel.ParallelLayout`) adds
+    ``--pipeline-parallel-size`` / ``--distributed-executor-backend`` and ``RAY_ADDRESS``. Logs go to ``OUT_STEM.vllm/`` next to ``out`` (a new temporary folder without ``out``).
 
     Raises:
         EngineUnavailableError: a concurrency above a dataset's prompt count, or no ``vllm`` executable.
@@ -312,6 +313,9 @@ def sweep_backend(name: str, *, target: str, draft: str, method: str | None, con
             args += ["--max-model-len", str(max_model_len)]
         if compilation_config is not None:
             args += ["--compilation-config", json.dumps(compilation_config)]
+        for key, value in (layout.engine_args() if layout is not None else {}).items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        env.update(layout.env() if layout is not None else {})
         import torch
 
         if not torch.cuda.is_available():
