@@ -169,6 +169,8 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
     extra_keys = extra_key_map(recipe)
     decoder = {k: v for k, v in dcfg.items() if k not in used and k not in dropped and "." not in k
                and (dkey or k not in extra_keys.values())}
+    if decoder.get("model_type") in (remap := recipe.data.get("model_type_on_read") or {}):
+        decoder["model_type"] = remap[decoder["model_type"]]  # a drafter-only type transformers does not know
     decoder.pop("num_hidden_layers", None)
     decoder["num_hidden_layers"] = dcfg.get("num_hidden_layers")
     extras = {**(recipe.data.get("extra_defaults") or {}),

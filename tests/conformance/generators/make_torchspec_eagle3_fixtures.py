@@ -1,4 +1,4 @@
-"""Regenerate tests/conformance/fixtures/torchspec-eagle3*/ with TorchSpec's own EAGLE-3 code (.venv-upstream).
+"""Regenerate tests/conformance/fixtures/torchspec-eagle3*/ and torchspec-dflash/ with TorchSpec's own code.
 
     PYTHONPATH=. .venv-upstream/bin/python tests/conformance/generators/make_torchspec_eagle3_fixtures.py \
         [--src DIR] [--dsparkhub-python .venv/bin/python]
@@ -12,8 +12,11 @@ where listed below:
    ``make_qwen3_target``: hidden 32, vocab 128, three aux layers ``eagle_config.eagle_aux_hidden_state_layer_ids``
    [0, 1, 2]), weights drawn N(0, 0.02), cast to BF16, its embedding loaded from the target with
    ``load_embedding`` (what ``_convert_fsdp_to_hf`` does given ``--target-model-path``);
+   and ``torchspec.models.draft.dflash.DFlashDraftModel(DFlashConfig(...))`` (the keys of
+   ``torchspec/config/dflash_draft_config.json``, toy-sized: hidden 32, 1 layer, target layers [1, 2] of 4),
+   drawn and embedded the same way;
 2. the export: ``tools/convert_to_hf.py``'s own writers --
-   - ``torchspec-eagle3``: ``_save_without_vocab_pruning(model, OUT, config, vocab_size)``;
+   - ``torchspec-eagle3`` / ``torchspec-dflash``: ``_save_without_vocab_pruning(model, OUT, config, vocab_size)``;
    - ``torchspec-eagle3-pruned``: ``_save_with_vocab_pruning(model, OUT, config, 128, 64, d2t, t2d)`` with
      ``d2t`` / ``t2d`` from ``torchspec.data.preprocessing.process_token_dict_to_mappings`` over synthetic token
      counts (what ``_convert_fsdp_to_hf(prune_vocab=True)`` does after counting a dataset).
@@ -73,6 +76,29 @@ DRAFT_CONFIG = {
 }
 
 
+#: torchspec/config/dflash_draft_config.json, sized for the toy verifier
+DFLASH_CONFIG = {
+    "architectures": ["DFlashDraftModel"], "model_type": "dflash",
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 128, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096, "rope_theta": 1000000.0, "num_target_layers": 2, "target_hidden_size": 32,
+    "target_num_hidden_layers": 4, "target_layer_ids": [1, 2], "mask_token_id": 127, "tie_word_embeddings": False,
+}
+
+
+def build_dflash(target: Path):
+    from torchspec.models.draft.dflash import DFlashConfig, DFlashDraftModel
+
+    torch.manual_seed(0)
+    model = DFlashDraftModel(DFlashConfig(**{k: v for k, v in DFLASH_CONFIG.items()
+                                             if k not in ("architectures", "model_type")}))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    model = model.to(torch.bfloat16)
+    model.load_embedding(str(target))
+    return model
+
+
 def build_model(config_path: Path, target: Path):
     from torchspec.models.draft import AutoDraftModelConfig, AutoEagle3DraftModel
 
@@ -115,13 +141,17 @@ def main() -> None:
         one_arg = ts._prepare_export_tensors
         ts._prepare_export_tensors = lambda hf_model, *_: one_arg(hf_model)  # patch: :299 vs :257
         d2t, t2d = prune_maps()
-        made = {"torchspec-eagle3": "_save_without_vocab_pruning(model, OUT, config, 128)",
+        dflash = build_dflash(target)
+        made = {"torchspec-dflash": "_save_without_vocab_pruning(DFlashDraftModel, OUT, config, 128)",
+                "torchspec-eagle3": "_save_without_vocab_pruning(model, OUT, config, 128)",
                 "torchspec-eagle3-pruned": f"_save_with_vocab_pruning(model, OUT, config, 128, {DRAFT_VOCAB}, d2t, "
                                            "t2d) (d2t, t2d: process_token_dict_to_mappings)"}
         for name, how in made.items():
             out = work / name
             out.mkdir()
-            if "pruned" in name:
+            if name == "torchspec-dflash":
+                ts._save_without_vocab_pruning(dflash, str(out), dict(DFLASH_CONFIG), 128)
+            elif "pruned" in name:
                 ts._save_with_vocab_pruning(model, str(out), dict(DRAFT_CONFIG), 128, DRAFT_VOCAB, d2t, t2d)
             else:
                 ts._save_without_vocab_pruning(model, str(out), dict(DRAFT_CONFIG), 128)
@@ -131,8 +161,9 @@ def main() -> None:
             for f in ("config.json", "model.safetensors"):
                 shutil.copy2(out / f, dest / f)
             upstream = {"repository": UPSTREAM_REPO, "commit": UPSTREAM_COMMIT, "how": how,
-                        "model": "AutoEagle3DraftModel.from_config -> LlamaForCausalLMEagle3 (BF16)",
-                        "draft_config": DRAFT_CONFIG,
+                        "model": "DFlashDraftModel(DFlashConfig) (BF16)" if name == "torchspec-dflash" else
+                        "AutoEagle3DraftModel.from_config -> LlamaForCausalLMEagle3 (BF16)",
+                        "draft_config": DFLASH_CONFIG if name == "torchspec-dflash" else DRAFT_CONFIG,
                         "patches": ["numba / wandb import stubs", "checkpoint round trip skipped (in-memory model)"]
                         + (["convert_to_hf.py:299 _prepare_export_tensors called with one argument"]
                            if "pruned" in name else []),
