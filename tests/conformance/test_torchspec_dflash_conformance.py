@@ -1,7 +1,8 @@
 """TorchSpec's DFlash export, as TorchSpec's own code writes it (deepinfra/TorchSpec 30189db: ``DFlashDraftModel``
 then ``tools/convert_to_hf.py``'s writer; ``generators/make_torchspec_eagle3_fixtures.py`` re-makes it): detected as
 ``torchspec-dflash`` (not z-lab's layout, whose architecture name it shares), read 1 + N with the target's layer
-count, converted to the vllm layout and checked by vLLM 0.32's own classes (marker ``vllm``).
+count, converted to the vllm layout and checked by vLLM 0.32's and SGLang 0.5.23's own classes (markers ``vllm`` /
+``sglang``).
 """
 
 from __future__ import annotations
@@ -74,3 +75,22 @@ def test_converted_torchspec_dflash_passes_vllm_check(converted, toy_target):
 
     report = check_with_vllm(converted, toy_target, env={"OMP_NUM_THREADS": "1"})
     assert report.ok, report.to_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
+def test_converted_torchspec_dflash_passes_sglang_check(converted, toy_target):
+    import os
+
+    from dsparkhub.verify.sglang.checks import check_with_sglang, find_sglang_python
+
+    if find_sglang_python() is None:
+        reason = ".venv-sglang is missing: build it with `bash scripts/setup_sglang.sh`"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must run the SGLang checks, but {reason}")
+        pytest.skip(reason)
+    report = check_with_sglang(converted, toy_target)
+    assert report.ok, report.to_dict()
+    lw = report.stage("load_weights").details
+    assert lw["missing"] == [] and lw["dropped_silently"] == [] and lw["mismatched"] == []
+    assert lw["compared_bit_exact"] == lw["checkpoint_tensors"]
