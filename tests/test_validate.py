@@ -128,6 +128,15 @@ def _case_207(tmp, t):
     return _drafter(tmp, t, tensor_overrides={"layers.0.mlp.up_proj.weight": w}), t, None
 
 
+def _case_208(tmp, t):
+    vd = 64
+    d2t = torch.tensor([0] * 32 + [32] * 32)  # target ids 0..31, 64..95: two runs of equal offsets
+    full = torch.randn(128, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    return _drafter(tmp, t, config_overrides={"draft_vocab_size": vd}, tensor_overrides={
+        "lm_head.weight": full[d2t],  # TorchSpec 30189db convert_to_hf.py:313: rows by offset
+        "markov_head.markov_w2.weight": torch.zeros(vd, 8, dtype=torch.bfloat16), "d2t": d2t}), t, None
+
+
 def _case_301(tmp, t):
     other = make_qwen3_target(tmp / "wide", hidden=48)
     return _drafter(tmp, t), other, None

@@ -169,9 +169,12 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
     extra_keys = extra_key_map(recipe)
     decoder = {k: v for k, v in dcfg.items() if k not in used and k not in dropped and "." not in k
                and (dkey or k not in extra_keys.values())}
+    if decoder.get("model_type") in (remap := recipe.data.get("model_type_on_read") or {}):
+        decoder["model_type"] = remap[decoder["model_type"]]  # a drafter-only type transformers does not know
     decoder.pop("num_hidden_layers", None)
     decoder["num_hidden_layers"] = dcfg.get("num_hidden_layers")
-    extras = {name: get_key(cfg, key) for name, key in extra_keys.items() if get_key(cfg, key) is not MISSING}
+    extras = {**(recipe.data.get("extra_defaults") or {}),
+              **{name: get_key(cfg, key) for name, key in extra_keys.items() if get_key(cfg, key) is not MISSING}}
     target_ref = {k: v for k in ("name_or_path", "architectures")
                   if (v := _field(cfg, recipe, f"verifier_{k}")) is not None}
     num_target_layers = _int_field(cfg, recipe, "num_target_layers", path)

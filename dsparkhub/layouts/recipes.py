@@ -34,6 +34,9 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
 - ``confidence_head_default`` / ``confidence_head_with_markov_default``: the value when the config has no key for
   it (DeepSeek-V4: both true, as vLLM 0.32 builds the head whatever the config says);
 - ``extra_keys``: layout keys carried in :attr:`DraftSpec.extras` and written back by recipes that list them too;
+  ``extra_defaults``: ``{name: value}`` for an extra the config leaves out (the layout trainer's default);
+- ``model_type_on_read``: ``{model_type: model_type}``, a drafter-only ``model_type`` read as the backbone's
+  (TorchSpec's DFlash ``dflash`` is a Qwen3 layer; transformers, so vLLM, knows no ``dflash``);
 - ``tensors.keep``: regular expressions; tensors matching none are not the drafter's (the target's, for attached
   layouts) and are ignored without a note;
 - ``tensors.aliases_by_model_type``: ``{model_type: {canonical prefix read: canonical prefix}}``, names one model

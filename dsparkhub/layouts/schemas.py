@@ -180,6 +180,8 @@ class RecipeSchema(_Strict):
     num_target_layers_from_decoder: bool = False
     requires_num_target_layers: bool = False
     extra_keys: list[str | ExtraKey] = []
+    extra_defaults: dict[str, bool | int | float | str] = {}
+    model_type_on_read: dict[str, str] = {}
     drop_keys: list[str] = []
     frozen_copies: list[str] = []
     final_layer_state: Literal["raw", "normed"] = "raw"

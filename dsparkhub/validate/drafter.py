@@ -233,5 +233,40 @@ def check_d2t(d: OpenedDraft, out: Collector) -> None:
                 location="tensor d2t", expected=f"0 <= id < {spec.vocab_size}", found=int(targets[i]))
     elif torch.unique(targets).numel() != targets.numel():
         out.add("DSH205", "d2t maps two draft ids to the same target id", location="tensor d2t")
+    else:
+        check_head_rows_follow_d2t(d, d2t.reshape(-1), out)
 
 
+def check_head_rows_follow_d2t(d: OpenedDraft, d2t, out: Collector) -> None:
+    """DSH208: a reduced-vocab ``lm_head`` [Vd, H] whose rows were picked with the ``d2t`` *offsets* as row ids.
+
+    ``d2t`` int64 [Vd] holds offsets (target id = k + d2t[k]; speculators, vLLM, TorchSpec's own
+    ``process_token_dict_to_mappings``, deepinfra/TorchSpec 30189db torchspec/data/preprocessing.py:482), so draft
+    ids kept from consecutive target ids share one offset. TorchSpec 30189db ``tools/convert_to_hf.py:313``
+    trims a full-vocab head with ``lm_head[d2t]``: every draft id of such a run then gets the same target row
+    ``d2t[k]``, byte-identical copies, where row ``k + d2t[k]`` belongs. Two distinct tokens never share a trained
+    row, so identical rows over every run of equal offsets (and at least one run) are that defect; the right rows
+    are gone from the file (only the full-vocab export or the training checkpoint holds them).
+    """
+    import torch
+
+    name = d.spec.source_names.get("lm_head.weight", "lm_head.weight")
+    info = d.checkpoint.tensors.get(name)
+    if info is None or len(info.shape) != 2 or info.shape[0] != d2t.numel():
+        return
+    runs = (d2t[1:] == d2t[:-1]).nonzero().flatten()
+    if not runs.numel():
+        return
+    head = d.checkpoint.read_tensor(name).contiguous()
+    raw = head.view(-1).view(torch.uint8).reshape(head.shape[0], -1)  # bytes: a trained row equals no other
+    if not bool((raw[runs] == raw[runs + 1]).all()):
+        return
+    k = int(runs[0])
+    out.add("DSH208", f"lm_head rows repeat over every run of equal d2t offsets ({runs.numel()} rows copy their "
+            f"neighbour, e.g. draft ids {k} and {k + 1}, target ids {k + int(d2t[k])} and {k + 1 + int(d2t[k + 1])}): "
+            "the head was trimmed with the d2t offsets as row ids, as TorchSpec 30189db tools/convert_to_hf.py:313 "
+            "`lm_head[d2t]` does, so draft id k holds target row d2t[k], not k + d2t[k]",
+            location=f"tensor {name}", expected="row k = the full head's row k + d2t[k]",
+            found=f"row {k + 1} == row {k} (both the full head's row {int(d2t[k])})",
+            hint="re-export without --prune-vocab (the full-vocab head is right) and reduce the vocab with "
+                 "`dsparkhub convert --draft-vocab N --draft-vocab-from DATA`")

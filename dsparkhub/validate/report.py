@@ -28,6 +28,8 @@ CODES: dict[str, tuple[str, str]] = {
     "DSH205": (ERROR, "reduced draft vocab without lm_head / d2t, or d2t values out of range"),
     "DSH206": (WARNING, "mixed floating dtypes across the drafter's weights"),
     "DSH207": (ERROR, "a tensor holds NaN or Inf values (validate --deep; vLLM loads them and drafts garbage)"),
+    "DSH208": (ERROR, "a reduced-vocab lm_head trimmed with the d2t offsets as row ids (TorchSpec 30189db "
+                      "convert_to_hf.py --prune-vocab): rows repeat, draft ids hold the wrong tokens"),
     "DSH301": (ERROR, "hidden size differs from the target's"),
     "DSH302": (ERROR, "vocab size differs from the target's"),
     "DSH303": (ERROR, "target layer id outside the target's layers"),

@@ -26,7 +26,12 @@ def _config(folder):
 K3_FIXTURES = ("torchspec-k3-dspark", "torchspec-k3-dspark-pruned")
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name not in K3_FIXTURES))
+#: fixtures that keep an upstream export defect on purpose; test_torchspec_eagle3_conformance.py checks the refusal
+DEFECTIVE_FIXTURES = ("torchspec-eagle3-pruned",)  # convert_to_hf.py:313 lm_head[d2t]: DSH208
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir()
+                                        if p.is_dir() and p.name not in K3_FIXTURES + DEFECTIVE_FIXTURES))
 def test_every_upstream_fixture_validates_clean(name, toy_target):
     """Items 9 / 10: speculators' default EAGLE-3 (input_norm) and dflash's DFlash2 (conv, selector) are no DSH202."""
     report = validate(FIXTURES / name, toy_target)
