@@ -82,7 +82,7 @@ def multinode_commands(manifest: TargetManifest, *, model: str | None = None, n:
         "(same vLLM, model files and network on every node)",
         "# node 0 (head):",
         f"ray start --head --port {RAY_PORT}",
-        f"# node 1 (worker):" if nodes == 2 else f"# nodes 1..{nodes - 1} (workers):",
+        "# node 1 (worker):" if nodes == 2 else f"# nodes 1..{nodes - 1} (workers):",
         f"ray start --address {HEAD}:{RAY_PORT}",
         "# on the head node, once `ray status` lists every GPU:",
         " \\\n  ".join(serve),
