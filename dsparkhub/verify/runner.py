@@ -49,6 +49,7 @@ from dsparkhub.verify.results.identity import target_fingerprint
 from dsparkhub.verify.results.schema import EngineInfo, ModelRef, Settings, VerifyResults
 from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
 from dsparkhub.verify.stats import Backend, RunStats
+from dsparkhub.verify.vllm.contract import results_contract
 
 def _validate(draft: str | Path, target: str | Path | None, n: int, warn: Callable[[str], None] | None = None,
               engine: str = "vllm", validation=None, told: Callable[[str], None] | None = None):
@@ -283,7 +284,8 @@ def run_verify(draft: str | Path, target: str | Path, settings: VerifySettings =
                     spec[ds.name].setdefault((n, c), []).append(st)
             if stopped is not None:
                 break
-        info = EngineInfo(backend=engine.name, version=engine.version, device=engine.device)
+        info = EngineInfo(backend=engine.name, version=engine.version, device=engine.device,
+                          contract=results_contract(engine.name, engine.version))
     finally:
         if owned:
             engine.close()
