@@ -9,7 +9,10 @@ folder) or the Hub file ``dspark/config.json`` of the target repo, and loads tha
 never rewritten), plus ``dspark/`` = the standalone output of ``dsparkhub convert`` (the ``vllm`` layout, which
 SGLang reads unchanged). Unlike the V4 form this works for any target family (Qwen3, Gemma4, ...), and vLLM 0.32
 serves the same drafter with ``"model": "OUT/dspark"`` in ``--speculative-config`` (vLLM does not look for the
-subfolder itself). ``detach`` is not needed: ``OUT/dspark`` already is the standalone drafter.
+subfolder itself). vLLM 0.34 does look for it, for MiniMax-M3 targets only (``model_type`` ``minimax_m3_text`` /
+``minimax_m3_vl``: ``v1/worker/gpu/spec_decode/dspark/config.py:41-45`` ``DSparkSpeculatorConfig.default_model`` ->
+``config/speculative.py:137-155`` ``_get_minimax_m3_dspark_draft``, same ``dspark/config.json`` test;
+tests/test_vllm034.py runs it on OUT). ``detach`` is not needed: ``OUT/dspark`` already is the standalone drafter.
 
 OUT also gets :data:`RECORD`, naming the target files placed there: the marker that lets ``--overwrite`` replace
 OUT (and only when it holds nothing else: :mod:`dsparkhub.io.ownership`).

@@ -93,3 +93,32 @@ def test_reduced_vocab_without_lm_head_does_not_pass_on_034(example, converted, 
     assert "lm_head.weight" not in load["details"]["borrowed_from_target"]
     assert any(m.startswith("lm_head.weight (not borrowed") and "no longer refuses" in m
                for m in load["details"]["missing"]), load["details"]["missing"]
+
+
+def test_034_finds_the_dspark_subfolder_attach_writes_for_a_minimax_m3_target(example, tmp_path):
+    """`convert --attach T --attach-as dspark-subfolder` output, looked up by vLLM 0.34's own DSpark default-model
+    path (v1/worker/gpu/spec_decode/dspark/config.py `DSparkSpeculatorConfig.default_model`, which for a MiniMax-M3
+    target calls config/speculative.py `_get_minimax_m3_dspark_draft`). The lookup reads only the target's
+    `model_type` and folder, so the example target stands in for a MiniMax-M3 one through its model_type."""
+    from dsparkhub.attach_subfolder import SUBFOLDER, attach_subfolder
+
+    if not PYTHON.exists():
+        pytest.skip(".venv-vllm034 is missing: build it with `bash scripts/setup_vllm034.sh`")
+    out = tmp_path / "attached"
+    attach_subfolder(example.deepspec_run, example.target, out)
+    code = ("import json, sys\nfrom types import SimpleNamespace as N\n"
+            "from vllm.v1.worker.gpu.spec_decode.dspark.config import DSparkSpeculatorConfig as C\n"
+            "def find(model):\n"
+            "    t = N(model=model, revision=None, hf_config=N(model_type='minimax_m3_text'))\n"
+            "    try:\n        return C.default_model(N(target_model_config=t, draft_load_config=None))\n"
+            "    except ValueError as exc:\n        return 'refused: ' + str(exc)\n"
+            "print(json.dumps([find(sys.argv[1]), find(sys.argv[2])]))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env.pop("VLLM_TARGET_DEVICE", None)
+    proc = subprocess.run([str(PYTHON), "-c", code, str(out), str(example.target)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found, bare = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(found) == out / SUBFOLDER
+    assert json.loads((Path(found) / "config.json").read_text())["architectures"] == ["Qwen3DSparkModel"]
+    assert bare.startswith("refused: MiniMax-M3 DSpark found no draft checkpoint in the 'dspark/' subfolder")

@@ -270,3 +270,47 @@ def test_self_check_against_the_installed_vllm_and_a_missing_attribute(monkeypat
     paragraph = self_check_paragraph(c, missing)
     assert paragraph.startswith(f"vLLM {vllm.__version__} lacks what dsparkhub uses with it: "
                                 "vllm.config:VllmConfig.use_v2_model_runner (in vLLM 0.32, 0.33).")
+
+
+@pytest.mark.parametrize("backend, version, confirmed", [
+    ("vllm", "vllm 0.34.0", True), ("vllm-serve", "vllm 0.33.1", True), ("vllm", "vllm 0.35.2", False),
+    ("vllm", "vllm (not installed)", None), ("vllm", "vllm 0.31.0", None), ("reference", "dsparkhub 0.1.0", None),
+    ("sglang-serve", "sglang 0.5.23", None),
+])
+def test_results_stamp_the_contract_of_the_vllm_that_ran(backend, version, confirmed):
+    from dsparkhub.verify.vllm.contract import results_contract
+
+    got = results_contract(backend, version)
+    if confirmed is None:
+        assert got is None
+        return
+    assert got["vllm_version"] == version.split()[1] and got["confirmed"] is confirmed
+    assert got["contract_line"] == ("0.34" if not confirmed else version.split()[1][:4])
+    assert got["unconfirmed"] == ([] if confirmed else list(FACT_KINDS))
+
+
+def test_results_file_and_card_say_which_facts_a_newer_vllm_did_not_confirm(tmp_path):
+    """engine.contract round-trips through the results file (absent for non-vLLM engines, so their bytes stay), and
+    the card's setup line names the unconfirmed facts of a vLLM newer than the contract."""
+    from dataclasses import replace
+
+    from dsparkhub.card.render import write_card
+    from dsparkhub.verify.results.reading import read_results
+    from dsparkhub.verify.vllm.contract import results_contract
+    from test_card import make_drafter, make_gpu_results, make_results
+
+    draft = make_drafter(tmp_path / "d")
+    ref = json.loads(make_results(draft, tmp_path / "ref.json").read_text())
+    assert "contract" not in ref["engine"]
+    res = read_results(make_gpu_results(draft, tmp_path / "gpu.json"))
+    newer = replace(res, engine=replace(res.engine, version="vllm 0.35.0",
+                                        contract=results_contract("vllm", "vllm 0.35.0")))
+    newer.save(tmp_path / "new.json")
+    back = read_results(tmp_path / "new.json")
+    assert back.engine.contract == {"vllm_version": "0.35.0", "contract_line": "0.34", "confirmed": False,
+                                    "unconfirmed": list(FACT_KINDS)}
+    text = write_card(draft, [tmp_path / "new.json"], repo_id="org/d").readme.read_text()
+    assert ("vLLM offline engine (vllm 0.35.0, judged with vLLM 0.34's facts, not confirmed for it: "
+            "runner_attribute, drafter_classes,") in text
+    confirmed = write_card(draft, [tmp_path / "gpu.json"], repo_id="org/d").readme.read_text()
+    assert "not confirmed" not in confirmed

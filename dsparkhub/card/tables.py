@@ -92,9 +92,19 @@ def setup_line(res: VerifyResults) -> str:
     load = ("one request at a time" if s.concurrency == [1] else
             "concurrency " + ", ".join(str(c) for c in s.concurrency))
     sampling = f"temperature {s.temperature}" + (" (greedy)" if s.temperature == 0 else "")
-    return (f"{engine} ({res.engine.version}) on {res.engine.device}; {sampling}, up to {s.max_new_tokens} new "
-            f"tokens; {load}; prompts through the target's chat template, thinking disabled; "
+    return (f"{engine} ({res.engine.version}{_unconfirmed(res)}) on {res.engine.device}; {sampling}, up to "
+            f"{s.max_new_tokens} new tokens; {load}; prompts through the target's chat template, thinking disabled; "
             f"{s.repeats} timed repeat(s)")
+
+
+def _unconfirmed(res: VerifyResults) -> str:
+    """``", judged with vLLM 0.34's facts, not confirmed for it: ..."`` when the run's vLLM is newer than
+    dsparkhub's contract (``engine.contract.confirmed`` false), else ``""``."""
+    c = res.engine.contract
+    if not c or c.get("confirmed", True):
+        return ""
+    return (f", judged with vLLM {c.get('contract_line')}'s facts, not confirmed for it: "
+            f"{', '.join(c.get('unconfirmed') or [])}")
 
 
 def recommendation(res: VerifyResults, concurrency: int | None = None) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from dsparkhub.verify.baseline import baseline_engine, baseline_n, check_baselin
 from dsparkhub.verify.results.schema import BaselineRef, EngineInfo, ModelRef, Settings, VerifyResults
 from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
 from dsparkhub.verify.stats import Backend, RunStats
+from dsparkhub.verify.vllm.contract import results_contract
 
 def _validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None, n: int,
               warn: Callable[[str], None] | None = None,
@@ -374,7 +375,8 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                     spec[ds.name].setdefault((n, c), []).append(st)
             if stopped is not None:
                 break
-        info = EngineInfo(backend=engine.name, version=engine.version, device=engine.device)
+        info = EngineInfo(backend=engine.name, version=engine.version, device=engine.device,
+                          contract=results_contract(engine.name, engine.version))
     finally:
         if timed:
             engine.step_costs = None

@@ -20,6 +20,11 @@ engine.backend                             str                  an engine of ``d
                                                                 ``sglang-serve``
 engine.version                             str                  engine version (``vllm 0.32.0``)
 engine.device                              str                  what ran it, in words (``cpu (2 threads)``)
+engine.contract                       d    dict                 vLLM engines only: ``{vllm_version, contract_line,
+                                                                confirmed, unconfirmed}`` of the contract that
+                                                                judged the run (``unconfirmed``: the fact kinds not
+                                                                read from this version's sources, for a vLLM newer
+                                                                than the contract); absent otherwise
 target.id                                  str                  Hub repo id (a local folder's, when known), else the
                                                                 folder's name; never an absolute local path
 target.fingerprint                         str | null           :func:`target_fingerprint` of a local target
@@ -197,6 +202,9 @@ class EngineInfo:
     backend: str
     version: str
     device: str
+    #: vLLM engines: :meth:`dsparkhub.verify.vllm.contract.VllmContract.to_dict` of ``version`` (absent from the file
+    #: when None: reference / SGLang engines, or files written before contracts).
+    contract: dict[str, Any] | None = None
 
 
 @dataclass(config=_STRICT)
@@ -557,6 +565,8 @@ class VerifyResults:
         d = asdict(self)
         if d["step_costs"] is None:  # optional: a file without step costs reads as it did before the key existed
             del d["step_costs"]
+        if d["engine"]["contract"] is None:
+            del d["engine"]["contract"]  # only vLLM runs carry one; other files keep their bytes
         return {"schema": d.pop("schema"), **d}
 
     def save(self, path: str | Path) -> Path:

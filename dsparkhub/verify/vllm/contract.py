@@ -26,7 +26,7 @@ import yaml
 
 from dsparkhub.errors import EngineUnavailableError
 
-__all__ = ["Fact", "VllmContract", "contract_for", "installed_contract", "lines", "refusal_texts", "self_check",
+__all__ = ["Fact", "VllmContract", "contract_for", "installed_contract", "lines", "refusal_texts", "results_contract", "self_check",
            "self_check_paragraph", "vllm_version"]
 
 CONTRACT_FILE = Path(__file__).with_name("contract.yaml")
@@ -174,6 +174,20 @@ def installed_contract(version: str | None = None) -> VllmContract:
         newest = lines()[-1]
         return VllmContract("none installed", newest, False, _lines()[newest])
     return contract_for(version)
+
+
+def results_contract(backend: str, version: str) -> dict | None:
+    """What a results file stamps for the engine that ran it: :meth:`VllmContract.to_dict` of the vLLM in
+    ``version`` (``"vllm 0.35.0"``, as ``engine.version`` spells it) when ``backend`` is a vLLM engine (``vllm``,
+    ``vllm-serve``), else None; None too when ``version`` names no readable or supported vLLM version (``"vllm (not
+    installed)"``), since then no contract judged the run."""
+    m = re.search(r"\d+\.\d+(?:\.\d+)?\S*", version) if backend.startswith("vllm") else None
+    if m is None:
+        return None
+    try:
+        return contract_for(m.group(0)).to_dict()
+    except EngineUnavailableError:
+        return None
 
 
 def refusal_texts() -> list[tuple[str, str, str]]:
