@@ -168,7 +168,8 @@ def test_verify_clears_its_progress_bars(capsys):
 #: flags of the engines and tools dsparkhub's hints tell users to pass to them (not dsparkhub options)
 ENGINE_FLAGS = {"--speculative-config", "--speculative-algorithm", "--speculative-draft-model-path", "--model-path",
                 "--model", "--enable-metrics", "--save-result", "--save-detailed",
-                "--head", "--address"}  # `ray start --head` / `ray start --address` (verify on a Ray cluster)
+                "--head", "--address",  # `ray start --head` / `ray start --address` (verify on a Ray cluster)
+                "--prune-vocab"}  # TorchSpec tools/convert_to_hf.py (DSH208's hint)
 
 
 def _hint_texts():

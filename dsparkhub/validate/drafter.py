@@ -245,8 +245,8 @@ def check_head_rows_follow_d2t(d: OpenedDraft, d2t, out: Collector) -> None:
     ids kept from consecutive target ids share one offset. TorchSpec 30189db ``tools/convert_to_hf.py:313``
     trims a full-vocab head with ``lm_head[d2t]``: every draft id of such a run then gets the same target row
     ``d2t[k]``, byte-identical copies, where row ``k + d2t[k]`` belongs. Two distinct tokens never share a trained
-    row, so identical rows over every run of equal offsets (and at least one run) are that defect; the right rows
-    are gone from the file (only the full-vocab export or the training checkpoint holds them).
+    row, so identical rows over every run of equal offsets (and at least one run), in a head whose rows are not all
+    one value (a zero-filled skeleton's are), are that defect; the right rows are gone from the file (only the full-vocab export or the training checkpoint holds them).
     """
     import torch
 
@@ -260,6 +260,8 @@ def check_head_rows_follow_d2t(d: OpenedDraft, d2t, out: Collector) -> None:
     head = d.checkpoint.read_tensor(name).contiguous()
     raw = head.view(-1).view(torch.uint8).reshape(head.shape[0], -1)  # bytes: a trained row equals no other
     if not bool((raw[runs] == raw[runs + 1]).all()):
+        return
+    if bool((raw == raw[0]).all()):  # one row value throughout (a zero-filled skeleton): says nothing of the picking
         return
     k = int(runs[0])
     out.add("DSH208", f"lm_head rows repeat over every run of equal d2t offsets ({runs.numel()} rows copy their "
