@@ -57,3 +57,11 @@ def test_contract_lists_ricursive_for_034_only():
         return contract_for(version).value("drafter_classes")["dflash"]
     assert classes("0.34")["DFlash2RicursiveDraftModel"] == ["ricursive_dflash2", "RicursiveDFlash2ForCausalLM"]
     assert "DFlash2RicursiveDraftModel" not in classes("0.32") and "DFlash2RicursiveDraftModel" not in classes("0.33")
+
+
+def test_vllm_check_for_032_names_the_versions_with_the_class(fixture_copy, tmp_path):
+    from dsparkhub.errors import EngineUnavailableError
+    from dsparkhub.verify.vllm.checks import check_with_vllm
+    folder = _ricursive(fixture_copy, [0])
+    with pytest.raises(EngineUnavailableError, match=r"DFlash2RicursiveDraftModel.*vLLM 0\.32.*vLLM 0\.34 serve"):
+        check_with_vllm(folder, tmp_path, vllm_version="0.32")
