@@ -65,3 +65,9 @@ def test_vllm_check_for_032_names_the_versions_with_the_class(fixture_copy, tmp_
     folder = _ricursive(fixture_copy, [0])
     with pytest.raises(EngineUnavailableError, match=r"DFlash2RicursiveDraftModel.*vLLM 0\.32.*vLLM 0\.34 serve"):
         check_with_vllm(folder, tmp_path, vllm_version="0.32")
+
+
+def test_reference_engine_refuses_nope_layers(fixture_copy):
+    from dsparkhub.verify.reference.loading import drafter_config_from_spec
+    with pytest.raises(LayoutError, match="no_rope_layers=\\[0\\].*RoPE in every layer"):
+        drafter_config_from_spec(open_draft(_ricursive(fixture_copy, [0])).spec)
