@@ -175,6 +175,7 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
     decoder["num_hidden_layers"] = dcfg.get("num_hidden_layers")
     extras = {**(recipe.data.get("extra_defaults") or {}),
               **{name: get_key(cfg, key) for name, key in extra_keys.items() if get_key(cfg, key) is not MISSING}}
+    _check_no_rope_layers(extras.get("no_rope_layers"), num_layers, path)
     target_ref = {k: v for k in ("name_or_path", "architectures")
                   if (v := _field(cfg, recipe, f"verifier_{k}")) is not None}
     num_target_layers = _int_field(cfg, recipe, "num_target_layers", path)
@@ -200,6 +201,25 @@ def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
         decoder_config=decoder, tensors=tensors, source_names=source_names, notes=notes,
         target_ref=target_ref, extras=extras,
     )
+
+
+def _check_no_rope_layers(value, num_layers: int | None, path) -> None:
+    """``no_rope_layers`` (vLLM 0.34 ``ricursive_dflash2.py``: indices of draft layers whose RoPE is identity) must be
+    a list of distinct ints in ``[0, num_hidden_layers)``.
+
+    Raises:
+        LayoutError: naming the key, the values found and the valid range.
+    """
+    if value is None:
+        return
+    ok = isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value) \
+        and len(set(value)) == len(value)
+    if ok and num_layers is not None:
+        ok = all(0 <= i < num_layers for i in value)
+    if not ok:
+        raise LayoutError(f"config key `no_rope_layers` must be a list of distinct draft-layer indices in "
+                          f"[0, {num_layers}) (num_hidden_layers={num_layers}), found {reprlib.repr(value)}",
+                          path=path)
 
 
 def spec_from_config(config: dict, *, path: str | Path | None = None, layout: str | None = None) -> DraftSpec:

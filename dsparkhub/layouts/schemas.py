@@ -137,6 +137,8 @@ class Write(_Strict):
 
     architectures: dict[str, list[str]] = {}
     architectures_by_variant: dict[str, list[str]] = {}
+    # extra name -> architectures written instead when the spec carries that extra (a non-empty value)
+    architectures_by_extra: dict[str, list[str]] = {}
     families: list[str] = []
     variants: list[str] = []
     # not read: documents that the layout keeps the decoder's own model_type

@@ -15,6 +15,10 @@ from dsparkhub.layouts.spec import ANCHOR_FIRST, DraftSpec
 
 #: tensors a layout needs that are computed from other tensors when the source lacks them. Each function takes
 #: the spec and a loader ``load(canonical_name) -> torch.Tensor`` and returns the tensor.
+#: the extra (z-lab ``no_rope_layers``) a layout must keep to hold a Ricursive DFlash2 drafter
+NOPE_KEY = "no_rope_layers"
+
+
 def _t2d_from_d2t(spec: DraftSpec, load):
     import torch
 
@@ -64,6 +68,15 @@ def write_config(spec: DraftSpec, recipe: Recipe) -> dict:
     w = recipe.data.get("write") or {}
     by_variant = w.get("architectures_by_variant")
     archs = (by_variant or {}).get(spec.variant) if by_variant else (w.get("architectures") or {}).get(spec.family)
+    for name, extra_archs in (w.get("architectures_by_extra") or {}).items():
+        if spec.extras.get(name):
+            archs = list(extra_archs)
+    if spec.extras.get(NOPE_KEY) and NOPE_KEY not in extra_key_map(recipe):
+        # vLLM 0.34 ricursive_dflash2.py: only DFlash2RicursiveDraftModel reads them; dropping them changes the model
+        raise LayoutError(f"layout {recipe.name!r} cannot hold `{NOPE_KEY}` {spec.extras[NOPE_KEY]} (a Ricursive "
+                          f"DFlash2 drafter, vLLM 0.34 DFlash2RicursiveDraftModel): writing it would silently turn "
+                          f"its NoPE layers into RoPE layers; convert it to the zlab-dflash (vllm) layout",
+                          path=recipe.path)
     families = w.get("families")
     if not archs or (families and spec.family not in families):
         raise LayoutError(f"layout {recipe.name!r} cannot hold a {spec.family} {spec.variant} drafter",

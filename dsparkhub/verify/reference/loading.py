@@ -143,6 +143,11 @@ def drafter_config_from_spec(spec: DraftSpec, *, path: str | Path | None = None)
             key, or a draft-attention option it does not implement (attention sinks,
             interleaved RoPE; see :func:`resolve_layer_attention`).
     """
+    if spec.extras.get("no_rope_layers"):
+        raise LayoutError(f"{spec.architecture} declares NoPE layers no_rope_layers={spec.extras['no_rope_layers']} "
+                          "(vLLM 0.34 ricursive_dflash2.py); the reference drafter applies RoPE in every layer and "
+                          "computes no DFlash2, so it would measure another model", path=path,
+                          hint="measure it with --backend vllm on vLLM 0.34")
     if spec.family != "qwen3" or spec.variant not in _VARIANTS:
         raise LayoutError(f"{spec.architecture} is a {spec.family} {spec.variant} drafter; the reference drafter "
                           f"computes Qwen3 DSpark / DFlash drafters only", path=path,

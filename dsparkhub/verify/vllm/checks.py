@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsparkhub.errors import CheckpointNotFoundError, VerifyError
+from dsparkhub.errors import CheckpointNotFoundError, EngineUnavailableError, VerifyError
 from dsparkhub.serving import method_names
 
 __all__ = ["StageResult", "StagedReport", "VllmCheckReport", "check_with_vllm"]
@@ -206,6 +206,24 @@ class VllmCheckReport(StagedReport):
                    stand_in=data.get("stand_in"))
 
 
+def _refuse_missing_class(contract, draft_path: Path) -> None:
+    """Refuse a drafter class that ``contract``'s vLLM lacks but another covered vLLM serves (say which).
+
+    Raises:
+        EngineUnavailableError: naming the class, the vLLM version and the versions that have it.
+    """
+    from dsparkhub.verify.vllm.contract import lines_serving
+
+    archs = json.loads((draft_path / "config.json").read_text()).get("architectures") or []
+    arch = archs[0] if archs and isinstance(archs[0], str) else None
+    have = lines_serving(arch) if arch else []
+    if have and contract.line not in have:
+        raise EngineUnavailableError(
+            f"{draft_path / 'config.json'} declares {arch}, a drafter class vLLM {contract.version} does not have "
+            f"({contract.source('drafter_classes')}); vLLM {', '.join(have)} serve it. Check it with "
+            f"--vllm-version {have[-1]} (or on a node with that vLLM).", path=draft_path / "config.json")
+
+
 def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None = None,
                     num_speculative_tokens: int | None = None, dtype: str = "auto", max_model_len: int = 512,
                     timeout_s: float = 900.0, env: dict[str, str] | None = None,
@@ -249,7 +267,7 @@ def check_with_vllm(draft: str | Path, target: str | Path, *, method: str | None
     if not (draft_path / "config.json").is_file():
         raise CheckpointNotFoundError(f"drafter folder {draft_path} has no config.json", path=draft_path)
     if vllm_version is not None:
-        contract_for(vllm_version)  # refuse a malformed / too old version before a child starts
+        _refuse_missing_class(contract_for(vllm_version), draft_path)  # before a child starts
     method = method or method_for_drafter(draft_path)
     if method not in METHODS:
         raise LayoutError(f"method {method!r}: vllm-check checks {', '.join(METHODS)} drafters",

@@ -85,6 +85,14 @@ def lines() -> tuple[str, ...]:
     return tuple(_lines())
 
 
+def lines_serving(architecture: str) -> list[str]:
+    """The contract lines whose ``drafter_classes`` include ``architecture`` (``architectures[0]`` of a drafter's
+    config), oldest first; empty for a class no covered vLLM lists (e.g. ``["0.34"]`` for
+    ``DFlash2RicursiveDraftModel``, vLLM 0.34 registry.py:690)."""
+    return [line for line in lines()
+            if any(architecture in classes for classes in contract_for(line).value("drafter_classes").values())]
+
+
 @dataclass(frozen=True)
 class VllmContract:
     """The facts that hold for one vLLM version.
