@@ -220,7 +220,7 @@ def _refuse_missing_class(contract, draft_path: Path) -> None:
     if have and contract.line not in have:
         raise EngineUnavailableError(
             f"{draft_path / 'config.json'} declares {arch}, a drafter class vLLM {contract.version} does not have "
-            f"({contract.source('drafter_classes')}); vLLM {', '.join(have)} serve it. Check it with "
+            f"({contract.source('drafter_classes')}); it is served by vLLM {', '.join(have)}. Check it with "
             f"--vllm-version {have[-1]} (or on a node with that vLLM).", path=draft_path / "config.json")
 
 
