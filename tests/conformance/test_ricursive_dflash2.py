@@ -63,7 +63,7 @@ def test_vllm_check_for_032_names_the_versions_with_the_class(fixture_copy, tmp_
     from dsparkhub.errors import EngineUnavailableError
     from dsparkhub.verify.vllm.checks import check_with_vllm
     folder = _ricursive(fixture_copy, [0])
-    with pytest.raises(EngineUnavailableError, match=r"DFlash2RicursiveDraftModel.*vLLM 0\.32.*vLLM 0\.34 serve"):
+    with pytest.raises(EngineUnavailableError, match=r"DFlash2RicursiveDraftModel.*vLLM 0\.32.*served by vLLM 0\.34"):
         check_with_vllm(folder, tmp_path, vllm_version="0.32")
 
 
