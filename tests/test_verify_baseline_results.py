@@ -83,3 +83,34 @@ def test_speedups_are_rebased_on_the_files_chosen_configuration(base_file, tmp_p
     assert rebased.speedup_label == "speedup vs other.json"
     back = read_results(rebased.save(tmp_path / "rebased.json"))  # the schema keeps the file's ref
     assert back.baseline == rebased.baseline and back.datasets[0].run(n_best, 1).speedup == pytest.approx(1.0)
+
+
+def test_verify_against_a_results_file_end_to_end(example, tmp_path):
+    """One verify run is the baseline file of a second one: a different --max-new-tokens is refused before the
+    engine starts (no file), the same setup rebases every speedup on the file's n=3 tokens/s."""
+    import torch
+    from click.testing import CliRunner
+
+    from dsparkhub.cli import main
+
+    torch.set_num_threads(1)
+
+    def verify(out, *extra):
+        return CliRunner().invoke(main, ["verify", str(example.dspark_step), "--target", str(example.target),
+                                         "-n", "3", "--datasets", f"heldout={example.prompts}", "--max-prompts", "2",
+                                         "--max-new-tokens", "12", "--concurrency", "1", "--out", str(out),
+                                         "--quiet", *extra])
+
+    first = tmp_path / "first.json"
+    assert verify(first).exit_code == 0
+    refused = verify(tmp_path / "no.json", "--baseline", str(first), "--max-new-tokens", "8")
+    assert refused.exit_code != 0 and "settings.max_new_tokens: expected 8, found 12" in refused.output
+    assert not (tmp_path / "no.json").exists()
+    second = tmp_path / "second.json"
+    res = verify(second, "--baseline", f"{first}@3")
+    assert res.exit_code == 0, res.output
+    r, f = read_results(second), read_results(first)
+    run = r.datasets[0].run(3, 1)
+    assert r.baseline.kind == "results" and r.baseline.n == 3 and r.baseline.id == "first.json"
+    assert run.baseline_tokens_per_s == f.datasets[0].run(3, 1).tokens_per_s and NOT_INTERLEAVED in run.unreliable
+    assert run.speedup == pytest.approx(run.tokens_per_s / run.baseline_tokens_per_s)
