@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from dsparkhub.verify.baseline_results import (NOT_INTERLEAVED, check_baseline_file, comparison_tokens_per_s,
-                                               read_baseline_file, rebase)
+from dsparkhub.verify.baseline_results import (
+    NOT_INTERLEAVED,
+    check_baseline_file,
+    comparison_tokens_per_s,
+    read_baseline_file,
+    rebase,
+)
 from dsparkhub.verify.results.reading import read_results
 from dsparkhub.verify.settings import VerifyArgumentError
 
@@ -16,10 +21,10 @@ GOLDEN = Path(__file__).parent / "data" / "results_golden.json"
 
 
 def _setup(res, **change):
-    setup = dict(target_fingerprint=res.target.fingerprint, target_id=res.target.id, backend=res.engine.backend,
-                 version=res.engine.version, datasets=[(d.name, d.source) for d in res.datasets],
-                 temperature=res.settings.temperature, max_new_tokens=res.settings.max_new_tokens,
-                 concurrency=list(res.settings.concurrency))
+    setup = {"target_fingerprint": res.target.fingerprint, "target_id": res.target.id, "backend": res.engine.backend,
+                 "version": res.engine.version, "datasets": [(d.name, d.source) for d in res.datasets],
+                 "temperature": res.settings.temperature, "max_new_tokens": res.settings.max_new_tokens,
+                 "concurrency": list(res.settings.concurrency)}
     setup.update(change)
     return setup
 
@@ -44,13 +49,13 @@ def test_read_baseline_file_names_the_file_sha256_and_n(base_file, tmp_path):
 
 
 @pytest.mark.parametrize("change, key", [
-    (dict(target_fingerprint="ab" * 32), "target.fingerprint"),
-    (dict(backend="reference"), "engine.backend"),
-    (dict(version="vllm 0.34.0"), "engine.version"),
-    (dict(datasets=[("alpha", "alpha.jsonl (sha256 ffffffffffff)"), ("beta", "builtin:code")]), "datasets"),
-    (dict(temperature=0.7), "settings.temperature"),
-    (dict(max_new_tokens=64), "settings.max_new_tokens"),
-    (dict(concurrency=[1]), "settings.concurrency"),
+    ({"target_fingerprint": "ab" * 32}, "target.fingerprint"),
+    ({"backend": "reference"}, "engine.backend"),
+    ({"version": "vllm 0.34.0"}, "engine.version"),
+    ({"datasets": [("alpha", "alpha.jsonl (sha256 ffffffffffff)"), ("beta", "builtin:code")]}, "datasets"),
+    ({"temperature": 0.7}, "settings.temperature"),
+    ({"max_new_tokens": 64}, "settings.max_new_tokens"),
+    ({"concurrency": [1]}, "settings.concurrency"),
 ])
 def test_each_difference_is_refused_by_name(base_file, change, key):
     base = read_baseline_file(str(base_file))

@@ -305,9 +305,10 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
     base_file = None
     if choice.kind == "results":  # the file's setup must be this run's, refused before the engine starts
         base_file = read_baseline_file(f"{choice.path}@{choice.n}" if choice.n is not None else choice.path)
-        file_setup = dict(target_fingerprint=target_fingerprint(target), target_id=public_name(target_spec or target),
-                          datasets=[(ds.name, ds.source) for ds in data], temperature=settings.temperature,
-                          max_new_tokens=settings.max_new_tokens, concurrency=list(load.concurrency))
+        file_setup = {"target_fingerprint": target_fingerprint(target),
+                      "target_id": public_name(target_spec or target),
+                      "datasets": [(ds.name, ds.source) for ds in data], "temperature": settings.temperature,
+                      "max_new_tokens": settings.max_new_tokens, "concurrency": list(load.concurrency)}
         check_baseline_file(base_file, backend=backend if isinstance(backend, str) else backend.name, version=None,
                             **file_setup)
 
