@@ -71,7 +71,7 @@ from dsparkhub.serving import engine_names, method_names, sglang_algorithms
               help="What speedups are measured against: none (no speculation), mtp:N (the target's own MTP "
               "layers, vLLM backends), another drafter folder at n (default: its block size; reference engine), "
               "or another verify --out file of the same target, engine, prompts, temperature, max-new-tokens and "
-              "concurrency at its n (default: its best n per concurrency; @0: its no-speculation run; not "
+              "concurrency at its n (default: its best n per concurrency; @0: its own baseline run; not "
               "interleaved, so every speedup is marked unreliable).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,

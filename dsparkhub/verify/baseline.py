@@ -30,7 +30,7 @@ MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 class BaselineChoice:
     """A parsed ``--baseline``: ``kind`` (``none`` | ``mtp`` | ``drafter`` | ``results``), the drafter folder's or
     results file's ``path``, and ``n`` (None: for a drafter, its block size or the largest n measured; for a results
-    file, its best n per concurrency; 0: a results file's no-speculation baseline)."""
+    file, its best n per concurrency; 0: a results file's own baseline run)."""
 
     kind: str = "none"
     path: str | None = None
@@ -57,7 +57,7 @@ def parse_baseline(text: str | None) -> BaselineChoice:
     if path.endswith(".json") and Path(path).is_file():  # a results file: dsparkhub.verify.baseline_results
         if at and not n.isdigit():
             raise VerifyArgumentError(f"--baseline {text}: the part after @ must be the file's "
-                                      f"num_speculative_tokens (0: its no-speculation baseline), found {n!r}")
+                                      f"num_speculative_tokens (0: its own baseline run), found {n!r}")
         return BaselineChoice(kind="results", path=path, n=int(n) if at else None)
     if at and (not n.isdigit() or int(n) < 1):
         raise VerifyArgumentError(f"--baseline {text}: the part after @ must be the baseline drafter's "

@@ -5,9 +5,10 @@ version, prompts (dataset names and sources, which carry the sha256 of a local f
 and concurrency values. Its comparison tokens/s per (dataset, concurrency) is:
 
 - ``RESULTS.json@n``: that file's run at ``n`` draft tokens;
-- ``RESULTS.json`` of a file whose own baseline is ``none`` and that has runs: its best n per concurrency
-  (:meth:`~dsparkhub.verify.results.schema.VerifyResults.best_n`, the n a user would serve with);
-- ``RESULTS.json@0``: that file's no-speculation baseline (its ``baselines``).
+- ``RESULTS.json``: its best n per concurrency (:meth:`~dsparkhub.verify.results.schema.VerifyResults.best_n`,
+  the n a user would serve with);
+- ``RESULTS.json@0``: that file's own baseline run (its ``baselines``: no speculation, or that file's
+  ``--baseline``, as its ``baseline`` records).
 
 This run still measures its own drafter and its own no-speculation baseline (the lossless check needs it); only the
 speedups are rebased on the file's numbers. The two were not interleaved, so each rebased run is marked
@@ -29,8 +30,8 @@ NOT_INTERLEAVED = "baseline from another results file: not interleaved with this
 
 @dataclass(frozen=True)
 class BaselineFile:
-    """A results file as baseline: its ``path``, the chosen ``n`` (None: best n per concurrency; 0: its
-    no-speculation baseline), the file read, and its sha256 (hex)."""
+    """A results file as baseline: its ``path``, the chosen ``n`` (None: best n per concurrency; 0: its own
+    baseline run), the file read, and its sha256 (hex)."""
 
     path: str
     n: int | None
@@ -58,7 +59,7 @@ def read_baseline_file(text: str) -> BaselineFile | None:
         return None
     if at and not n.isdigit():
         raise VerifyArgumentError(f"--baseline {text}: the part after @ must be the file's num_speculative_tokens "
-                                  f"(0: its no-speculation baseline), found {n!r}")
+                                  f"(0: its own baseline run), found {n!r}")
     data = Path(path).read_bytes()
     return BaselineFile(path=path, n=int(n) if at else None, results=read_results(path),
                         sha256=hashlib.sha256(data).hexdigest())
@@ -117,7 +118,7 @@ def comparison_tokens_per_s(base: BaselineFile) -> dict[tuple[str, int], float]:
         n = base.n
         if n is None:
             best = other.best_n(c)
-            n = best[0] if best is not None and other.baseline.kind == "none" else 0
+            n = best[0] if best is not None else 0
         for ds in other.datasets:
             if n == 0:
                 b = ds.baseline_at(c)
