@@ -6,6 +6,7 @@
   or ``mtp_num_hidden_layers`` (Qwen3-Next / Qwen3.5), top level or in ``text_config``
   (``vllm/config/speculative.py``, ``SpeculativeConfig.hf_config_override``); a target without either (or with 0)
   has no MTP layers to speculate with. dsparkhub's reference engine has no MTP implementation;
+- ``RESULTS.json[@n]``: another results file of the same setup (:mod:`dsparkhub.verify.baseline_results`);
 - ``PATH[@n]``: another drafter folder, at ``n`` draft tokens (default: the tokens one trained block proposes,
   else the largest n measured); the reference engine runs it on the same target, interleaved with the drafter.
 
@@ -27,8 +28,9 @@ MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 
 @dataclass(frozen=True)
 class BaselineChoice:
-    """A parsed ``--baseline``: ``kind`` (``none`` | ``mtp`` | ``drafter``), the drafter ``path``, and ``n``
-    (None: for a drafter, its block size or the largest n measured)."""
+    """A parsed ``--baseline``: ``kind`` (``none`` | ``mtp`` | ``drafter`` | ``results``), the drafter folder's or
+    results file's ``path``, and ``n`` (None: for a drafter, its block size or the largest n measured; for a results
+    file, its best n per concurrency; 0: a results file's own baseline run)."""
 
     kind: str = "none"
     path: str | None = None
@@ -52,6 +54,11 @@ def parse_baseline(text: str | None) -> BaselineChoice:
                                       "(a positive integer), e.g. mtp:1")
         return BaselineChoice(kind="mtp", n=int(n))
     path, at, n = text.rpartition("@") if "@" in text and not Path(text).exists() else (text, "", "")
+    if path.endswith(".json") and Path(path).is_file():  # a results file: dsparkhub.verify.baseline_results
+        if at and not n.isdigit():
+            raise VerifyArgumentError(f"--baseline {text}: the part after @ must be the file's "
+                                      f"num_speculative_tokens (0: its own baseline run), found {n!r}")
+        return BaselineChoice(kind="results", path=path, n=int(n) if at else None)
     if at and (not n.isdigit() or int(n) < 1):
         raise VerifyArgumentError(f"--baseline {text}: the part after @ must be the baseline drafter's "
                                   f"num_speculative_tokens (a positive integer), found {n!r}")

@@ -52,6 +52,7 @@ from dsparkhub.verify.parallel import check_layout, layout_of
 from dsparkhub.verify.results.derive import build_results, no_acceptance
 from dsparkhub.verify.results.identity import target_fingerprint
 from dsparkhub.verify.baseline import baseline_engine, baseline_n, check_baseline, parse_baseline
+from dsparkhub.verify.baseline_results import check_baseline_file, read_baseline_file, rebase
 from dsparkhub.verify.results.schema import BaselineRef, EngineInfo, ModelRef, Settings, VerifyResults
 from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
 from dsparkhub.verify.stats import Backend, RunStats
@@ -301,6 +302,15 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
 
     data = load_datasets(settings.datasets, target, max_prompts=settings.max_prompts, tokenizer=tokenizer)
     check_prompts(data, target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context, note)
+    base_file = None
+    if choice.kind == "results":  # the file's setup must be this run's, refused before the engine starts
+        base_file = read_baseline_file(f"{choice.path}@{choice.n}" if choice.n is not None else choice.path)
+        file_setup = {"target_fingerprint": target_fingerprint(target),
+                      "target_id": public_name(target_spec or target),
+                      "datasets": [(ds.name, ds.source) for ds in data], "temperature": settings.temperature,
+                      "max_new_tokens": settings.max_new_tokens, "concurrency": list(load.concurrency)}
+        check_baseline_file(base_file, backend=backend if isinstance(backend, str) else backend.name, version=None,
+                            **file_setup)
 
     owned = isinstance(backend, str)
     if owned and row.batching == "bench-serve" and load.concurrency != (1,):  # vllm serve + vllm bench serve
@@ -413,6 +423,9 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
             kind="drafter", id=Path(choice.path).resolve().name, n=base_n,
             fingerprint=checkpoint_fingerprint(choice.path), method=detect_method(choice.path)),
     )
+    if base_file is not None:  # the engine's version is known now; speedups against the file's tokens/s
+        check_baseline_file(base_file, backend=info.backend, version=info.version, **file_setup)
+        results = rebase(results, base_file)
     if costs:
         results.step_costs = step_costs_record(results, costs, source=f"{info.backend} engine's own decoding steps")
     line = no_acceptance(results)
