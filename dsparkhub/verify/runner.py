@@ -423,11 +423,11 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
             kind="drafter", id=Path(choice.path).resolve().name, n=base_n,
             fingerprint=checkpoint_fingerprint(choice.path), method=detect_method(choice.path)),
     )
+    if costs:  # before a rebase: the law predicts (and is checked against) the speedup over the target alone
+        results.step_costs = step_costs_record(results, costs, source=f"{info.backend} engine's own decoding steps")
     if base_file is not None:  # the engine's version is known now; speedups against the file's tokens/s
         check_baseline_file(base_file, backend=info.backend, version=info.version, **file_setup)
         results = rebase(results, base_file)
-    if costs:
-        results.step_costs = step_costs_record(results, costs, source=f"{info.backend} engine's own decoding steps")
     line = no_acceptance(results)
     if line is not None:  # a broken drafter (NaN weights, another target) must not pass as "τ 1.00"
         results.warnings = [*results.warnings, line]
