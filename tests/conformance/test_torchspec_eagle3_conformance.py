@@ -137,3 +137,27 @@ def test_converted_torchspec_eagle3_passes_vllm034_config_and_load_weights(conve
     stages = {s["name"]: s["status"] for s in report["stages"]}
     assert report["vllm_version"] == "0.34.0" and report["method"] == "eagle3"
     assert (stages["config"], stages["load_weights"]) == ("passed", "passed"), report
+
+
+def test_sglang_check_picks_eagle3_for_both_eagle3_layouts():
+    from dsparkhub.verify.sglang.checks import sglang_algorithm
+
+    assert sglang_algorithm(json.loads((PLAIN / "config.json").read_text())) == "EAGLE3"
+    assert sglang_algorithm({"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3"}) == "EAGLE3"
+    assert sglang_algorithm({"architectures": ["DFlashDraftModel"]}) == "DFLASH"
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
+def test_torchspec_eagle3_export_passes_sglang_check(toy_target):
+    """SGLang 0.5.23 loads the EAGLE-3 HF layout TorchSpec writes (LlamaForCausalLMEagle3, llama_eagle3.py:387);
+    its ModelRegistry has no Eagle3Speculator, so the speculators-eagle3 output is vLLM's layout, not SGLang's."""
+    from dsparkhub.verify.sglang.checks import check_with_sglang, find_sglang_python
+
+    if find_sglang_python() is None:
+        pytest.skip(".venv-sglang is missing: build it with `bash scripts/setup_sglang.sh`")
+    report = check_with_sglang(PLAIN, toy_target)
+    stages = {s.name: s.status for s in report.stages}
+    assert report.algorithm == "EAGLE3" and report.ok, report.to_dict()
+    assert (stages["config"], stages["load_weights"]) == ("passed", "passed"), report.to_dict()
+    assert report.stages[1].details["compared_bit_exact"] == 13

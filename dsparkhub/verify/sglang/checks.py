@@ -35,7 +35,7 @@ class SglangCheckReport(StagedReport):
     """What SGLang's own checks said about a drafter.
 
     Attributes:
-        draft: drafter folder. target: target folder. algorithm: ``"DSPARK"`` | ``"DFLASH"`` (SGLang's
+        draft: drafter folder. target: target folder. algorithm: ``"DSPARK"`` | ``"DFLASH"`` | ``"EAGLE3"`` (SGLang's
             ``--speculative-algorithm``). sglang_version: the version that checked (from the venv's metadata).
         stages: ``config``, ``load_weights``, ``engine`` in order (:class:`~dsparkhub.verify.vllm.checks.StageResult`;
             ``refused`` = SGLang declined to run it on this device).
@@ -78,9 +78,13 @@ def find_sglang_python() -> Path | None:
 
 
 def sglang_algorithm(config: dict) -> str:
-    """SGLang's ``--speculative-algorithm`` for a drafter config: ``DSPARK`` when it has a Markov head or a DSpark
-    architecture (``models/dspark.py`` EntryClass), else ``DFLASH``."""
+    """SGLang's ``--speculative-algorithm`` for a drafter config: ``EAGLE3`` for an EAGLE-3 architecture
+    (``LlamaForCausalLMEagle3``, SGLang 0.5.23 ``models/llama_eagle3.py:387`` EntryClass, or speculators'
+    ``Eagle3Speculator``), ``DSPARK`` when it has a Markov head or a DSpark architecture (``models/dspark.py``
+    EntryClass), else ``DFLASH``."""
     archs = config.get("architectures") or []
+    if any("Eagle3" in a for a in archs) or config.get("speculators_model_type") == "eagle3":
+        return "EAGLE3"
     if any("DSpark" in a for a in archs) or int(config.get("markov_rank") or 0) > 0:
         return "DSPARK"
     return "DFLASH"
@@ -96,7 +100,7 @@ def check_with_sglang(draft: str | Path | None, target: str | Path, *, algorithm
             ``convert --attach T --attach-as dspark-subfolder``); algorithm then defaults to DSPARK.
         target: target folder (SGLang reads its ``config.json``; a ``dspark/`` subfolder there is how SGLang finds a
             drafter without ``--speculative-draft-model-path``).
-        algorithm: ``"DSPARK"`` / ``"DFLASH"``; None picks it from the drafter's config (:func:`sglang_algorithm`).
+        algorithm: ``"DSPARK"`` / ``"DFLASH"`` / ``"EAGLE3"``; None picks it from the drafter's config (:func:`sglang_algorithm`).
         timeout_s: the child is killed after this many seconds.
         python: the interpreter to use; None looks it up with :func:`find_sglang_python`.
 

@@ -154,6 +154,7 @@ def config_stage(draft: str, target: str, algorithm: str, holder: dict) -> dict:
 
     args = _server_args(draft, target, algorithm, "cuda")
     args.resolve_once()
+    holder["server_args"] = args
     view = resolved_view(args)
     details = {"algorithm": algorithm, "speculative_num_draft_tokens": view.speculative_num_draft_tokens,
                "speculative_num_steps": view.speculative_num_steps,
@@ -189,6 +190,12 @@ def config_stage(draft: str, target: str, algorithm: str, holder: dict) -> dict:
                        enable_confidence_head=getattr(cfg, "enable_confidence_head", None))
         message = (f"SGLang resolved the drafter as {arch} ({cls.__name__}); gamma {runtime.gamma}, "
                    f"speculative_num_draft_tokens {runtime.verify_num_draft_tokens} (= gamma + 1)")
+    elif algorithm == "EAGLE3":
+        eagle = dict(getattr(cfg, "eagle_config", None) or {})
+        details.update(target_layer_ids=eagle.get("eagle_aux_hidden_state_layer_ids"),
+                       draft_vocab_size=getattr(cfg, "draft_vocab_size", None))
+        message = (f"SGLang resolved the drafter as {arch} ({cls.__name__}); speculative_num_steps "
+                   f"{view.speculative_num_steps}, speculative_num_draft_tokens {view.speculative_num_draft_tokens}")
     else:
         from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
 
@@ -208,6 +215,11 @@ def _build_and_load(cls, cfg, tensors: dict):
     rotary_base._is_cpu = True  # the torch-native rotary path (see the module docstring)
     try:
         get_parallel().override_permanently(tp_size=1, tp_rank=0)
+    except ValueError:
+        pass  # already set by the first build in this process
+    try:  # llama_eagle3.py:284 keeps the pipeline group; one rank on CPU
+        get_parallel().override_permanently(pp_group=types.SimpleNamespace(
+            is_first_rank=True, is_last_rank=True, rank_in_group=0, world_size=1))
     except ValueError:
         pass  # already set by the first build in this process
     model = cls(cfg)
@@ -232,6 +244,15 @@ def load_weights_stage(holder: dict) -> dict:
 
     cfg, cls = holder["cfg"], holder["cls"]
     tensors = _read_tensors(holder["draft"])
+    eagle3 = holder.get("algorithm") == "EAGLE3"
+    if eagle3:  # llama_eagle3.py reads get_spec().speculative_draft_window_size: the scheduler publishes it
+        from sglang.srt.runtime_context import publish
+
+        publish(holder["server_args"], role="scheduler")
+    # llama_eagle3.py:350-356 turns d2t into hot_token_id and skips t2d; the drafter's own lm_head is a parameter;
+    # embed_tokens comes from the target when the checkpoint has none (eagle_worker's set_embed)
+    shared_prefixes = ("embed_tokens.",) if eagle3 else _SHARED
+    read_as_buffers = {"d2t", "t2d"} if eagle3 else set()
     builds = [("static", _build_and_load(cls, cfg, tensors))]
     if getattr(cfg, "enable_confidence_head", False) and any(n.startswith("confidence_head.") for n in tensors):
         os.environ["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
@@ -245,15 +266,20 @@ def load_weights_stage(holder: dict) -> dict:
     for pname, p in params.items():
         data = p.detach()
         bad = torch.isnan(data) if data.is_floating_point() else data == torch.iinfo(data.dtype).min
-        if bool(bad.any()):
+        if bool(bad.any()) and not (eagle3 and pname.endswith("embed_tokens.weight")
+                                    and not any(n.endswith("embed_tokens.weight") for n in tensors)):
             missing.append(pname)
     shared, dropped, compared, mismatched = [], [], 0, []
     for name, src in tensors.items():
         base = name.removeprefix("model.")
-        if base.startswith(_SHARED):
+        if base.startswith(shared_prefixes):
             shared.append(name)
             continue
+        if name in read_as_buffers:
+            continue
         pname, part, index = _param_for(name)
+        if pname not in params and f"model.{pname}" in params:
+            pname = f"model.{pname}"
         p = params.get(pname)
         if p is None:
             dropped.append(name)
@@ -309,15 +335,16 @@ def run(draft: str | None, target: str, algorithm: str) -> dict:
     """All three stages; returns the JSON-serialisable report (see dsparkhub.verify.sglang.checks)."""
     import importlib.metadata
 
-    holder: dict = {}
+    holder: dict = {"algorithm": algorithm}
     stages = [_stage("config", lambda: config_stage(draft, target, algorithm, holder))]
     if stages[0]["status"] != PASSED:
         stages.append({"name": "load_weights", "status": SKIPPED, "message": "the config stage failed",
                        "details": {}, "seconds": 0.0})
-    elif holder["cls"].__module__.rsplit(".", 1)[-1] not in ("dspark", "dflash"):
+    elif holder["cls"].__module__.rsplit(".", 1)[-1] not in ("dspark", "dflash", "llama_eagle3"):
         stages.append({"name": "load_weights", "status": SKIPPED, "details": {}, "seconds": 0.0,
-                       "message": f"SGLang resolved {holder['cls'].__name__}; this check builds only the dense "
-                                  "DSpark / DFlash draft classes (models/dspark.py, models/dflash.py) on CPU"})
+                       "message": f"SGLang resolved {holder['cls'].__name__}; this check builds only the "
+                                  "DSpark / DFlash / EAGLE-3 draft classes (models/dspark.py, models/dflash.py, "
+                                  "models/llama_eagle3.py) on CPU"})
     else:
         stages.append(_stage("load_weights", lambda: load_weights_stage(holder)))
     stages.append(_stage("engine", lambda: engine_stage(draft, target, algorithm)))
@@ -327,7 +354,7 @@ def run(draft: str | None, target: str, algorithm: str) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 4:
-        print("usage: sglang_child.py DRAFT|- TARGET DSPARK|DFLASH   (- lets SGLang find the drafter)",
+        print("usage: sglang_child.py DRAFT|- TARGET DSPARK|DFLASH|EAGLE3   (- lets SGLang find the drafter)",
               file=sys.stderr)
         return 2
     install_placeholder()
