@@ -637,7 +637,8 @@ def test_max_new_tokens_beyond_the_context_is_refused_before_anything_loads(setu
 
     monkeypatch.setattr(prompt_mod, "load_datasets", lambda *a, **k: loaded.append("tokenizer") or [])
     res = CliRunner().invoke(main, ["verify", str(draft), "--target", str(target), "--datasets", str(prompts),
-                                    "-n", "2", "--max-new-tokens", "100000000", "--quiet"])
+                                    "-n", "2", "--max-new-tokens", "100000000", "--quiet",
+                                    "--out", str(tmp_path / "r.json")])  # never the default ./results.json
     assert res.exit_code == 2, res.output
     assert "--max-new-tokens 100000000 plus the prompt exceeds the target's context of 2048 tokens" in res.output
     assert "max_position_embeddings" in res.output and "--allow-beyond-context" in res.output
