@@ -69,8 +69,8 @@ from dsparkhub.serving import engine_names, method_names, sglang_algorithms
               help="Also measure n = the drafter's block_size (sglang#32038 saw corruption only there).")
 @click.option("--baseline", "baseline", default="none", show_default=True, metavar="none|mtp:N|PATH[@n]|RESULTS.json[@n]",
               help="What speedups are measured against: none (no speculation), mtp:N (the target's own MTP "
-              "layers, vLLM backends), another drafter folder at n (default: its block size; reference engine), "
-              "or another verify --out file of the same target, engine, prompts, temperature, max-new-tokens and "
+              "layers, vLLM backends), another drafter folder at n (default: the tokens one trained block of "
+              "it proposes; reference engine), or another verify --out file of the same target, engine, prompts, temperature, max-new-tokens and "
               "concurrency at its n (default: its best n per concurrency; @0: its own baseline run; not "
               "interleaved, so every speedup is marked unreliable).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
