@@ -67,16 +67,17 @@ from dsparkhub.serving import engine_names, method_names, sglang_algorithms
               "(fly, synthetic) is refused at temperature 0.")
 @click.option("--lossless-at-block-size", is_flag=True,
               help="Also measure n = the drafter's block_size (sglang#32038 saw corruption only there).")
-@click.option("--baseline", "baseline", default="none", show_default=True, metavar="none|mtp:N|PATH[@n]|RESULTS.json[@n]",
+@click.option("--baseline", "baseline", default="none", show_default=True,
+              metavar="none|mtp:N|PATH[@n]|RESULTS.json[@n]",
               help="What speedups are measured against: none (no speculation), mtp:N (the target's own MTP "
-              "layers, vLLM backends), another drafter folder at n (default: the tokens one trained block of "
-              "it proposes; reference engine), or another verify --out file of the same target, engine, prompts, temperature, max-new-tokens and "
-              "concurrency at its n (default: its best n per concurrency; @0: its own baseline run; not "
-              "interleaved, so every speedup is marked unreliable).")
+              "layers, vLLM backends), another drafter folder at n (default: the tokens one trained block of it "
+              "proposes; reference engine), or another verify --out file of the same target, engine, prompts, "
+              "temperature, max-new-tokens and concurrency at its n (default: its best n per concurrency; @0: its "
+              "own baseline run; not interleaved, so every speedup is marked unreliable).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
-           device, tp, pp, executor, ray_address, max_model_len, compilation_config, server_url, baseline_url, confidence_threshold,
-           overwrite, allow_beyond_context, concurrency, repeats, threads, adaptive_verification,
+           device, tp, pp, executor, ray_address, max_model_len, compilation_config, server_url, baseline_url,
+           confidence_threshold, overwrite, allow_beyond_context, concurrency, repeats, threads, adaptive_verification,
            speculative_options, lossless_at_block_size, baseline, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses; Ctrl-C keeps the configurations measured so far in --out."""
