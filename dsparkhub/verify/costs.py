@@ -28,7 +28,7 @@ import statistics
 import time
 from collections import defaultdict
 
-from dsparkhub.errors import VerifyError
+from dsparkhub.errors import EngineUnavailableError, VerifyError
 from dsparkhub.verify.results.schema import LawRow, StepCostsRecord, StepShape
 
 __all__ = ["StepCosts", "profile_costs", "LawRow", "latency_law", "law_row", "context_bucket", "step_costs_record"]
@@ -359,3 +359,27 @@ def _shortfall_note(base_costs, spec_costs, base_wall_s: float, spec_wall_s: flo
     t_draft, t_verify = spec_costs.median(concurrency, n)
     part, share = ("drafting", t_draft) if t_draft > t_verify else ("verifying", t_verify)
     return f"the step itself: {part} is {share / (t_draft + t_verify):.0%} of it"
+
+
+def run_profiler(run, cmd: list[str], *, what: str, timeout_s: float, timeout_hint: str, failure_hint: str):
+    """Run an engine's own profiling tool (``vllm bench forward``, SGLang's ``dspark_sps_profiler``) and return its
+    ``CompletedProcess``; ``run`` is ``subprocess.run`` or a test's stand-in.
+
+    Args:
+        what: the tool in words for the error (``\`vllm bench forward\` (target_only)``).
+        timeout_s: seconds before the tool is abandoned.
+
+    Raises:
+        EngineUnavailableError: the tool did not finish in ``timeout_s`` (with ``timeout_hint``), or exited non-zero
+            (the last 8 lines of its output, with ``failure_hint``).
+    """
+    import subprocess
+
+    try:
+        done = run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise EngineUnavailableError(f"{what} did not finish in {timeout_s:.0f} s", hint=timeout_hint) from None
+    if done.returncode != 0:
+        tail = "\n".join(((done.stderr or "") + (done.stdout or "")).strip().splitlines()[-8:])
+        raise EngineUnavailableError(f"{what} exited with {done.returncode}:\n{tail}", hint=failure_hint)
+    return done

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from dsparkhub.errors import EngineUnavailableError, VerifyError
+from dsparkhub.verify.costs import run_profiler
 
 __all__ = ["profiler_command", "profile_sps"]
 
@@ -67,16 +68,9 @@ def profile_sps(*, base_url: str, batch_sizes: list[int] | None = None, repeats:
     with tempfile.TemporaryDirectory(prefix="dsparkhub-sps-") as tmp:
         out = Path(tmp) / "dspark_sps.json"
         cmd = profiler_command(exe, base_url=base_url, out=out, batch_sizes=batch_sizes, repeats=repeats)
-        try:
-            done = run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            raise EngineUnavailableError(f"SGLang's dspark_sps_profiler did not finish in {timeout_s:.0f} s",
-                                         hint="profile fewer batch sizes") from None
-        if done.returncode != 0:
-            tail = "\n".join(((done.stderr or "") + (done.stdout or "")).strip().splitlines()[-8:])
-            raise EngineUnavailableError(f"SGLang's dspark_sps_profiler exited with {done.returncode}:\n{tail}",
-                                         hint=f"is a DSpark server running at {base_url}? (the profiler never "
-                                              "starts one)")
+        run_profiler(run, cmd, what="SGLang's dspark_sps_profiler", timeout_s=timeout_s,
+                     timeout_hint="profile fewer batch sizes",
+                     failure_hint=f"is a DSpark server running at {base_url}? (the profiler never starts one)")
         try:
             data = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:

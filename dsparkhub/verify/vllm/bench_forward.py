@@ -25,8 +25,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from dsparkhub.errors import EngineUnavailableError, VerifyError
-from dsparkhub.verify.costs import StepCosts
+from dsparkhub.errors import VerifyError
+from dsparkhub.verify.costs import StepCosts, run_profiler
 
 __all__ = ["forward_cases", "forward_command", "read_forward", "costs_from_forward", "bench_forward"]
 
@@ -175,16 +175,10 @@ def bench_forward(*, target: str, draft: str, method: str, n: int, requests: lis
             out = Path(tmp) / f"{scope}.json"
             cmd = forward_command(exe, target=target, draft=draft, method=method, n=n, cases=cases, output_json=out,
                                   exclude_drafter=exclude, max_model_len=max_model_len)
-            try:
-                done = run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-            except subprocess.TimeoutExpired:
-                raise EngineUnavailableError(f"`vllm bench forward` ({scope}) did not finish in {timeout_s:.0f} s",
-                                             hint="time fewer request counts (--concurrency)") from None
-            if done.returncode != 0:
-                tail = "\n".join(((done.stderr or "") + (done.stdout or "")).strip().splitlines()[-8:])
-                raise EngineUnavailableError(
-                    f"`vllm bench forward` ({scope}) exited with {done.returncode}:\n{tail}",
-                    hint="it needs vLLM 0.33+ (`vllm bench forward --help`) and a CUDA GPU (one-shot CUDA graphs)")
+            run_profiler(run, cmd, what=f"`vllm bench forward` ({scope})", timeout_s=timeout_s,
+                         timeout_hint="time fewer request counts (--concurrency)",
+                         failure_hint="it needs vLLM 0.33+ (`vllm bench forward --help`) and a CUDA GPU (one-shot "
+                                      "CUDA graphs)")
             medians[scope] = read_forward(out, scope=scope)
     costs = costs_from_forward(medians["target_and_drafter"], medians["target_only"], requests=requests,
                                widths=list(range(n + 1)), context=context)
