@@ -302,11 +302,12 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
 
     data = load_datasets(settings.datasets, target, max_prompts=settings.max_prompts, tokenizer=tokenizer)
     check_prompts(data, target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context, note)
+    # local folders are named by Hub id (target) or folder name plus fingerprint, never by local path
+    target_ref = ModelRef(id=public_name(target_spec or target), fingerprint=target_fingerprint(target))
     base_file = None
     if choice.kind == "results":  # the file's setup must be this run's, refused before the engine starts
         base_file = read_baseline_file(f"{choice.path}@{choice.n}" if choice.n is not None else choice.path)
-        file_setup = {"target_fingerprint": target_fingerprint(target),
-                      "target_id": public_name(target_spec or target),
+        file_setup = {"target_fingerprint": target_ref.fingerprint, "target_id": target_ref.id,
                       "datasets": [(ds.name, ds.source) for ds in data], "temperature": settings.temperature,
                       "max_new_tokens": settings.max_new_tokens, "concurrency": list(load.concurrency)}
         check_baseline_file(base_file, backend=backend if isinstance(backend, str) else backend.name, version=None,
@@ -406,8 +407,7 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
 
     results = build_results(
         engine=info, method=method,
-        # local folders are named by Hub id (target) or folder name plus fingerprint, never by local path
-        target=ModelRef(id=public_name(target_spec or target), fingerprint=target_fingerprint(target)),
+        target=target_ref,
         drafter=ModelRef(id=Path(draft).resolve().name if Path(draft).is_dir() else draft,
                          fingerprint=checkpoint_fingerprint(draft) if Path(draft).is_dir() else None),
         settings=Settings(temperature=float(settings.temperature), max_new_tokens=settings.max_new_tokens,
