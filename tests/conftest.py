@@ -10,6 +10,7 @@ import socket
 import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +156,26 @@ class FakeHTTPServer:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def vllm034_check(draft, target) -> tuple[int, dict]:
+    """``dsparkhub vllm-check DRAFT --target TARGET --json`` run under vLLM 0.34.0 from ``.venv-vllm034`` (its CPU
+    platform refuses the engine stage without triton-cpu): (exit code, report). Skips where the venv is missing
+    locally, FAILS in CI (``scripts/setup.sh --test`` builds it); fails when no JSON report was printed."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    python = root / ".venv-vllm034" / "bin" / "python"
+    if not python.exists():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(".venv-vllm034 is missing in CI; scripts/setup.sh --test builds it", pytrace=False)
+        pytest.skip(".venv-vllm034 is missing: build it with `bash scripts/setup_vllm034.sh`")
+    env = dict(os.environ, PYTHONPATH=str(root), VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+    env.pop("VLLM_TARGET_DEVICE", None)
+    proc = subprocess.run([str(python), "-c", "from dsparkhub.cli import main; main()", "vllm-check", str(draft),
+                           "--target", str(target), "--json"], capture_output=True, text=True, env=env, timeout=900)
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except ValueError:
+        pytest.fail(f"vllm-check under vLLM 0.34 printed no report (exit {proc.returncode}):\n{proc.stdout}\n"
+                    f"{proc.stderr[-3000:]}")

@@ -19,24 +19,9 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.vllm034, pytest.mark.slow]
+from conftest import vllm034_check  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = ROOT / ".venv-vllm034" / "bin" / "python"
-
-
-def _vllm_check(draft: Path, target: Path) -> tuple[int, dict]:
-    if not PYTHON.exists():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(".venv-vllm034 is missing in CI; scripts/setup.sh --test builds it", pytrace=False)
-        pytest.skip(".venv-vllm034 is missing: build it with `bash scripts/setup_vllm034.sh`")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
-    env.pop("VLLM_TARGET_DEVICE", None)
-    proc = subprocess.run([str(PYTHON), "-c", "from dsparkhub.cli import main; main()", "vllm-check", str(draft), "--target", str(target),
-                           "--json"], capture_output=True, text=True, env=env, timeout=900)
-    try:
-        return proc.returncode, json.loads(proc.stdout)
-    except ValueError:
-        pytest.fail(f"vllm-check under vLLM 0.34 printed no report (exit {proc.returncode}):\n{proc.stdout}\n"
-                    f"{proc.stderr[-3000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +34,7 @@ def converted(example, tmp_path_factory):
 
 
 def test_example_drafter_passes_034_config_and_load_weights(example, converted):
-    code, report = _vllm_check(converted, example.target)
+    code, report = vllm034_check(converted, example.target)
     stages = {s["name"]: s for s in report["stages"]}
     assert report["vllm_version"] == "0.34.0" and report["contract"]["contract_line"] == "0.34"
     assert code == 0 and report["ok"], json.dumps(report, indent=1)
@@ -87,7 +72,7 @@ def test_reduced_vocab_without_lm_head_does_not_pass_on_034(example, converted, 
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors.index.json").unlink(missing_ok=True)
     save_file(tensors, str(folder / "model.safetensors"))
-    code, report = _vllm_check(folder, example.target)
+    code, report = vllm034_check(folder, example.target)
     load = next(s for s in report["stages"] if s["name"] == "load_weights")
     assert code == 1 and not report["ok"] and load["status"] == "failed", json.dumps(report, indent=1)
     assert "lm_head.weight" not in load["details"]["borrowed_from_target"]

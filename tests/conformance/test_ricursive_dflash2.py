@@ -78,29 +78,16 @@ def test_reference_engine_refuses_nope_layers(fixture_copy):
 def test_converted_ricursive_passes_034_config_and_load_weights(fixture_copy, toy_target, tmp_path):
     """`convert --to vllm` keeps the class and its NoPE layers; vLLM 0.34's own SpeculativeConfig and
     RicursiveDFlash2ForCausalLM.load_weights accept the result (engine stage: 0.34's x86 Triton refusal)."""
-    import os
-    import subprocess
-    from pathlib import Path
+    from conftest import vllm034_check
 
     from dsparkhub.convert import convert
 
-    root = Path(__file__).resolve().parents[2]
-    python = root / ".venv-vllm034" / "bin" / "python"
-    if not python.exists():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(".venv-vllm034 is missing in CI; scripts/setup.sh --test builds it", pytrace=False)
-        pytest.skip(".venv-vllm034 is missing: build it with `bash scripts/setup_vllm034.sh`")
     out = tmp_path / "converted"
     convert(_ricursive(fixture_copy, [0]), out, toy_target)
     assert json.loads((out / "config.json").read_text())["no_rope_layers"] == [0]
-    env = dict(os.environ, PYTHONPATH=str(root), VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
-    env.pop("VLLM_TARGET_DEVICE", None)
-    proc = subprocess.run([str(python), "-c", "from dsparkhub.cli import main; main()", "vllm-check", str(out),
-                           "--target", str(toy_target), "--json"],
-                          capture_output=True, text=True, env=env, timeout=900, check=False)
-    report = json.loads(proc.stdout)
+    code, report = vllm034_check(out, toy_target)
     stages = {s["name"]: s for s in report["stages"]}
-    assert proc.returncode == 0 and report["ok"], json.dumps(report, indent=1)
+    assert code == 0 and report["ok"], json.dumps(report, indent=1)
     assert stages["config"]["details"]["architectures"] == ["DFlash2RicursiveDraftModel"]
     assert stages["load_weights"]["details"]["class"] == "RicursiveDFlash2ForCausalLM"
     assert stages["load_weights"]["details"]["missing"] == []

@@ -119,21 +119,9 @@ def test_converted_torchspec_eagle3_passes_vllm_check(converted, toy_target):
 @pytest.mark.vllm034
 def test_converted_torchspec_eagle3_passes_vllm034_config_and_load_weights(converted, toy_target):
     """vLLM 0.34.0 from .venv-vllm034 (its CPU platform refuses the engine stage without triton-cpu)."""
-    import os
-    import subprocess
-    from pathlib import Path
+    from conftest import vllm034_check
 
-    root = Path(__file__).resolve().parents[2]
-    python = root / ".venv-vllm034" / "bin" / "python"
-    if not python.exists():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(".venv-vllm034 is missing in CI; scripts/setup.sh --test builds it", pytrace=False)
-        pytest.skip(".venv-vllm034 is missing: build it with `bash scripts/setup_vllm034.sh`")
-    env = dict(os.environ, PYTHONPATH=str(root), VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
-    env.pop("VLLM_TARGET_DEVICE", None)
-    proc = subprocess.run([str(python), "-c", "from dsparkhub.cli import main; main()", "vllm-check", str(converted),
-                           "--target", str(toy_target), "--json"], capture_output=True, text=True, env=env, timeout=900)
-    report = json.loads(proc.stdout)
+    _, report = vllm034_check(converted, toy_target)
     stages = {s["name"]: s["status"] for s in report["stages"]}
     assert report["vllm_version"] == "0.34.0" and report["method"] == "eagle3"
     assert (stages["config"], stages["load_weights"]) == ("passed", "passed"), report
