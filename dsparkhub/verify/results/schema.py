@@ -159,6 +159,7 @@ from pydantic.dataclasses import dataclass
 from dsparkhub.errors import LosslessMismatchError
 from dsparkhub.io.output import replace_text
 from dsparkhub.verify.results.per_request import CategoryRow, LatencySpeedup, PerRequest
+from dsparkhub.serving import METHODS as METHODS_TABLE
 from dsparkhub.serving import method_names
 
 SCHEMA = "dsparkhub.verify.results/3"
@@ -296,7 +297,7 @@ class BaselineRef:
         if self.kind == "mtp":
             return f"MTP n={self.n}"
         if self.kind == "drafter":
-            name = {"dflash": "DFlash", "dspark": "DSpark", "eagle3": "EAGLE-3"}.get(self.method or "", self.id)
+            name = METHODS_TABLE[self.method].label if self.method in METHODS_TABLE else self.id
             return f"{name} n={self.n}"
         return f"{self.id}" + (f" n={self.n}" if self.n is not None else "")
 
