@@ -14,6 +14,7 @@ from typing import Any
 
 from dsparkhub.card.facts import is_hub_name, public_text
 from dsparkhub.serving import ENGINES, METHODS
+from dsparkhub.verify.results.curves import largest_spread
 from dsparkhub.verify.results.curves import tables as curve_tables
 from dsparkhub.verify.results.schema import ModelRef, VerifyResults
 
@@ -139,9 +140,7 @@ def recommendation(res: VerifyResults, concurrency: int | None = None) -> dict[s
         return {**out, "kind": "single", "text": f"Only {sx(best)} was measured reliably; no other n to compare."}
     second = rows[1]
     chosen = {best.num_speculative_tokens, second.num_speculative_tokens}
-    spreads = [r.speedup_spread for ds in res.datasets for r in ds.runs
-               if r.concurrency == concurrency and r.num_speculative_tokens in chosen]
-    spread = None if not spreads or None in spreads else max(spreads)
+    spread = largest_spread(res, chosen, concurrency)
     out["spread"] = spread
     margin = (best.mean_speedup - second.mean_speedup) / second.mean_speedup
     if spread is None:

@@ -168,7 +168,7 @@ def sla_point(curve: Curve, sla: float) -> SlaPoint:
     return SlaPoint(curve.label, sla, total, c, None)
 
 
-def _spread(res: VerifyResults, ns: set[int], c: int) -> float | None:
+def largest_spread(res: VerifyResults, ns: set[int], c: int) -> float | None:
     """The largest ``speedup_spread`` ((max - min) / median of the per-repeat speedups) over the datasets' runs of
     ``ns`` at ``c``; None when one of them has none (one timed repeat: no spread measured)."""
     spreads = [r.speedup_spread for ds in res.datasets for r in ds.runs
@@ -195,7 +195,7 @@ def best_per_concurrency(res: VerifyResults) -> list[Best]:
         second = rest[0] if rest else None
         within = None
         if second is not None and sp is not None:
-            spread = _spread(res, {k for k in (top, second[1]) if k is not None}, c)
+            spread = largest_spread(res, {k for k in (top, second[1]) if k is not None}, c)
             within = None if spread is None else (sp - second[0]) / second[0] <= spread
         out.append(Best(c, _label(res, top), sp, _label(res, second[1]) if second else None,
                         sp - second[0] if second and sp is not None else None, within, reliable))
