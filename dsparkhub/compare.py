@@ -318,14 +318,11 @@ def format_markdown(comparisons: list[TargetComparison], ns: tuple[int, ...] = S
     return "\n".join(out).rstrip() + "\n"
 
 
-def card_section(primary: list[tuple[str, VerifyResults]], compare_paths: list[str | Path],
-                 slas: tuple[float, ...] = ()) -> str:
-    """The card's comparison markdown: the card's own results first, then each ``--compare`` file, all of the
-    card's target.
+def read_compare(primary: VerifyResults, compare_paths: list[str | Path]) -> list[tuple[str, VerifyResults]]:
+    """Read the card's ``--compare`` files, each checked to be of ``primary``'s target.
 
-    Args:
-        primary: ``(path, results)`` of the card's ``--results`` files (already checked by the card).
-        compare_paths: the ``--compare`` files.
+    Returns:
+        ``(path, results)`` per file, in the order given.
 
     Raises:
         CompareError: a ``--compare`` file measured another target (one paragraph naming both and the file).
@@ -333,5 +330,17 @@ def card_section(primary: list[tuple[str, VerifyResults]], compare_paths: list[s
     """
     others = [(str(p), read_results(p)) for p in compare_paths]
     for path, res in others:
-        check_same_target(primary[0][1], res, path)
-    return format_markdown(compare(label_sources(list(primary) + others), slas=slas))
+        check_same_target(primary, res, path)
+    return others
+
+
+def card_section(primary: list[tuple[str, VerifyResults]], others: list[tuple[str, VerifyResults]],
+                 slas: tuple[float, ...] = ()) -> str:
+    """The card's comparison markdown: the card's own results first, then each ``--compare`` file
+    (:func:`read_compare`), all of the card's target.
+
+    Args:
+        primary: ``(path, results)`` of the card's ``--results`` files (already checked by the card).
+        others: ``(path, results)`` of the ``--compare`` files, as :func:`read_compare` returns them.
+    """
+    return format_markdown(compare(label_sources(list(primary) + list(others)), slas=slas))

@@ -166,10 +166,10 @@ def test_card_compare_other_target_is_one_paragraph(tmp_path):
     assert r.exit_code == 1
     assert "moonshotai/Kimi-K3" in r.output and "Qwen/Qwen3-8B" in r.output and "kimi.json" in r.output
     assert "Traceback" not in r.output and not (d / "README.md").exists()
+    from dsparkhub.compare import read_compare
+
     with pytest.raises(CompareError):
-        from dsparkhub.compare import card_section
-    
-        card_section([(str(mine), read_results(mine))], [other])
+        read_compare(read_results(mine), [other])
 
 
 def test_reads_v1_results():

@@ -136,6 +136,43 @@ def test_card_gets_matched_table_sla_row_and_pareto_plot(tmp_path):
     assert (d / "assets" / "per_user_vs_total.png").stat().st_size > 10_000
 
 
+
+def test_card_compare_draws_the_other_drafters_in_the_load_plots(tmp_path, monkeypatch):
+    """With ``card --compare``, the per-user vs total plot and the speedup-vs-concurrency plot carry one line per n
+    of each compared drafter (labelled by method and public id, never a local path); the card's own lines and its
+    baseline are drawn once."""
+    import copy
+
+    from test_compare import _drafter_folder
+
+    import dsparkhub.card.plots as plots
+    from dsparkhub.verify.results.reading import read_results
+
+    legends = {}
+    save = plots._save_png
+
+    def capture(fig, path):
+        legends[path.name] = [t.get_text() for ax in fig.axes if ax.get_legend()
+                              for t in ax.get_legend().get_texts()]
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save_png", capture)
+    d, fp = _drafter_folder(tmp_path)
+    mine = SWEEP.save(tmp_path / "mine.json")
+    res = read_results(mine)
+    res.drafter = ModelRef("drafter", fp)
+    res.save(mine)
+    other = copy.deepcopy(SWEEP)
+    other.method, other.drafter = "eagle3", ModelRef(str(tmp_path / "models" / "eagle3-drafter"), None)
+    other_path = other.save(tmp_path / "eagle3.json")
+    r = CliRunner().invoke(main, ["card", str(d), "--results", str(mine), "--compare", str(other_path)])
+    assert r.exit_code == 0, r.output
+    pareto = legends["per_user_vs_total.png"]
+    assert pareto == ["no speculation", "n=3", "EAGLE-3 eagle3-drafter n=3"]
+    assert "EAGLE-3 eagle3-drafter (best n)" in legends["speedup_vs_concurrency.png"]
+    assert not any(str(tmp_path) in t for ts in legends.values() for t in ts)
+
+
 @pytest.mark.slow
 def test_real_reference_sweep_of_the_example(example, tmp_path):
     """The example's DSpark drafter on the CPU reference engine at concurrency 1, 2, 4: three points per curve, every

@@ -99,6 +99,11 @@ def _speedup_limits(values: list[float]) -> tuple[float, float]:
 PLOT_SIZE, PLOT_DPI = (9, 5.5), 150
 
 
+def _drafter_name(res: VerifyResults) -> str:
+    """A compared drafter's legend name: its method label and public id (a local path is not shown on a card)."""
+    return f"{METHOD_LABELS.get(res.method, res.method)} {public_text(res.drafter.id)}"
+
+
 def _plot_title(what: str, res: VerifyResults, target: str | None = None) -> str:
     """Two lines: what is plotted for which drafter and target (``target``: the card's name for it, e.g. its Hub
     id; default the results' ``target.id``), then the engine and the datasets."""
@@ -134,7 +139,7 @@ def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | Non
     for other in others:
         pts = [(row.concurrency, row.best_speedup) for row in other.load if row.best_speedup is not None]
         if pts:
-            ax.plot(*zip(*pts), marker="s", linestyle="--", label=f"{other.drafter.id} (best n)")
+            ax.plot(*zip(*pts), marker="s", linestyle="--", label=f"{_drafter_name(other)} (best n)")
     if any_bad:  # a legend entry for the hollow markers, drawn nowhere
         ax.plot([], [], marker="o", linestyle="none", markerfacecolor="white", color="grey",
                 label="hollow: unreliable timing")
@@ -152,11 +157,15 @@ def plot_speedup_vs_concurrency(res: VerifyResults, path: Path, label: str | Non
     return _save_png(fig, path)
 
 
-def plot_pareto(res: VerifyResults, path: Path, *, target: str | None = None) -> Path:
+def plot_pareto(res: VerifyResults, path: Path, *, others: list[VerifyResults] = (),
+                target: str | None = None) -> Path:
     """PNG: per-user vs total output tokens/s over the concurrency sweep
     (:func:`dsparkhub.verify.results.curves.curves`), one line per n and the baseline drawn distinctly (black,
     dashed, square markers); each point is labelled with its concurrency. Up and to the right is better: the
-    matched-throughput speedup is the vertical gap to the baseline's line at the same x."""
+    matched-throughput speedup is the vertical gap to the baseline's line at the same x.
+
+    ``others`` (the card's ``--compare`` drafters, same target) add one dotted line per n each, labelled with the
+    drafter's method and id; their own baselines are not drawn again (the card's baseline is the reference)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,6 +182,13 @@ def plot_pareto(res: VerifyResults, path: Path, *, target: str | None = None) ->
         for p in cv.points:
             ax.annotate(f"c={p.concurrency}", (p.total_tokens_per_s, p.per_user_tokens_per_s), fontsize=7,
                         textcoords="offset points", xytext=(4, 4))
+    for other in others:
+        name = _drafter_name(other)
+        for cv in curves(other):
+            if cv.n is None or not cv.points:
+                continue
+            ax.plot([p.total_tokens_per_s for p in cv.points], [p.per_user_tokens_per_s for p in cv.points],
+                    linestyle=":", marker="^", label=f"{name} {cv.label}")
     ax.set_xlabel("total output tokens/s (all requests)")
     ax.set_ylabel("per-user tokens/s (mean over requests)")
     ax.set_title(_plot_title("Per-user vs total throughput", res, target), fontsize=10)

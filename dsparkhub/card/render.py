@@ -39,7 +39,7 @@ from dsparkhub.card.facts import (
 from dsparkhub.card.plots import (ASSETS_DIR, plot_acceptance, plot_names, plot_pareto, plot_speedup,
                                   plot_speedup_vs_concurrency)
 from dsparkhub.card.timing import policies_context, time_context
-from dsparkhub.compare import card_section
+from dsparkhub.compare import card_section, read_compare
 from dsparkhub.card.tables import METHOD_LABELS, MODEL_PLACEHOLDER, card_data, is_reference, section, serve_commands
 from dsparkhub.repo_ids import is_repo_id as valid_repo_id
 from dsparkhub.verify.results.schema import VerifyResults
@@ -227,8 +227,9 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
 
         report, _ = read_report(schedule)  # the advice is derived again from the rows, as this version words it
         context["schedule"] = policies_context(report, advice(report))
-    if compare:  # the drafter comparison (dsparkhub.compare), every file of the card's target
-        context["comparison"] = card_section(list(zip(map(str, results_paths), results)), list(compare), slas)
+    others = read_compare(results[0], list(compare)) if compare else []
+    if others:  # the drafter comparison (dsparkhub.compare), every file of the card's target
+        context["comparison"] = card_section(list(zip(map(str, results_paths), results)), others, slas)
     text = render_card(context, template).rstrip("\n") + f"\n\n{CARD_MARKER}\n"
     staging = Path(tempfile.mkdtemp(prefix=".dsparkhub-card-", dir=draft))
     try:
@@ -241,7 +242,10 @@ def write_card(draft: str | Path, results_paths: list[str | Path], *, template: 
                 todo.append((sec["plot_pareto"], plot_pareto))
             for rel, plot in todo:
                 tmp = staging / Path(rel).name
-                plot(res, tmp, target=context["target"])
+                if plot is plot_acceptance or plot is plot_speedup:
+                    plot(res, tmp, target=context["target"])
+                else:  # the load plots draw the --compare drafters beside this one
+                    plot(res, tmp, others=[o for _, o in others], target=context["target"])
                 written.append((tmp, draft / rel))
         calibration = context["calibration"]
         if calibration and not calibration["foreign"]:  # dsparkhub calibrate's sidecar: its reliability diagram

@@ -366,7 +366,7 @@ def run_profiler(run, cmd: list[str], *, what: str, timeout_s: float, timeout_hi
     ``CompletedProcess``; ``run`` is ``subprocess.run`` or a test's stand-in.
 
     Args:
-        what: the tool in words for the error (``\`vllm bench forward\` (target_only)``).
+        what: the tool in words for the error (``vllm bench forward (target_only)``).
         timeout_s: seconds before the tool is abandoned.
 
     Raises:
