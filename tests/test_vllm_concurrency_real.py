@@ -50,7 +50,8 @@ def test_lossless_and_vllms_per_request_figures_at_both_concurrencies(swept):
     ds = res.datasets[0]
     for c in (1, 4):
         base, run = ds.baseline_at(c), ds.run(3, c)
-        print(f"\nvllm engine loop @{c}: baseline {base.tokens_per_s:.0f} tok/s, DFlash n=3 {run.tokens_per_s:.0f} "
+        print(f"\nvllm engine loop @{c}: wall baseline {base.wall_s:.2f} s, n=3 {run.wall_s:.2f} s; "
+              f"baseline {base.tokens_per_s:.0f} tok/s, DFlash n=3 {run.tokens_per_s:.0f} "
               f"tok/s (speedup {run.speedup:.2f}x), tau token-weighted {run.tau:.3f}, request-weighted "
               f"{run.request_tau:.3f}, per-user {run.latency.per_user_tokens_per_s_mean:.0f} tok/s")
         assert run.lossless is True and run.num_drafts > 0 and len(run.accepted_per_pos) == 3
