@@ -119,7 +119,8 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
                       "compilation_config": "compilation_config", "speculative_config": "speculative_extra",
                       "engine_args": "extra_engine_args", "env": "env", "max_concurrency": "max_concurrency"},
            settings=frozenset({"tensor_parallel_size", "max_model_len", "compilation_config", "speculative_config"}),
-           gpu_methods=("dspark",), other_batching=("bench-serve",)),  # vLLM 0.32 runs DSpark in its V2 GPU model runner only (config/vllm.py)
+           # vLLM 0.32 runs DSpark in its V2 GPU model runner only (config/vllm.py)
+           gpu_methods=("dspark",), other_batching=("bench-serve",)),
     Engine("vllm-serve", "vLLM server", server=True, batching="bench-serve", final_layer_state="raw",
            final_layer_source="vLLM aux hidden states", methods=tuple(METHODS),
            module="dsparkhub.verify.vllm.server", cls="VllmServerBackend",
