@@ -3,7 +3,8 @@
 :class:`VllmServeSweepBackend` is the verify backend that ``dsparkhub verify --backend vllm-serve --concurrency
 C1,C2,...`` and ``--backend vllm --load-driver bench-serve --concurrency ...`` use (the runner picks it through
 :func:`sweep_backend` when a concurrency other than the default 1 is asked; ``--backend vllm`` alone drives its
-offline engine with :mod:`dsparkhub.verify.vllm.closed_loop` instead). For every ``run(prompts, num_speculative_tokens=n, concurrency=c)`` it
+offline engine with :mod:`dsparkhub.verify.vllm.closed_loop` instead). For every ``run(prompts,
+num_speculative_tokens=n, concurrency=c)`` it
 
 1. makes sure a server for configuration ``n`` is up: with ``--backend vllm`` it starts ``vllm serve`` itself
    (:class:`dsparkhub.verify.vllm.serve.ServeProcess`: baseline without ``--speculative-config``, then one server
