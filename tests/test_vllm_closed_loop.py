@@ -202,6 +202,7 @@ def test_child_keeps_c_in_flight_through_llm_engine(tmp_path, fake_vllm):
         args = json.loads((backend._child.workdir / "engine_args.json").read_text())
         steps = json.loads((backend._child.workdir / "steps.json").read_text())
         one = backend.run(prompts, num_speculative_tokens=None, max_new_tokens=3, seed=10, concurrency=1)
+        assert backend.device.endswith(", load from a closed loop over LLM.llm_engine")
         with pytest.raises(VerifyError, match="concurrency 6 asked of a vLLM backend built for at most 4"):
             backend.run(prompts, num_speculative_tokens=None, max_new_tokens=3, concurrency=6)
     assert args["max_num_seqs"] == 4

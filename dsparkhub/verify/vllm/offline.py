@@ -162,7 +162,9 @@ class VllmBackend:
             child.close(grace_s=5)
             raise
         self._child, self._child_n = child, n
-        self.device = reply.get("device", self.device)
+        if reply.get("device"):  # the results' setup line says how the load was made (as the serve sweep does)
+            self.device = reply["device"] + (", load from a closed loop over LLM.llm_engine"
+                                             if self.max_concurrency > 1 else "")
         if reply.get("vllm_version"):
             self.version = f"vllm {reply['vllm_version']}"
         self.last_start = reply
