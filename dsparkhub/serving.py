@@ -25,9 +25,12 @@ class Engine:
         label: how the card titles its numbers (``"vLLM server"``).
         server: True when it measures running servers (``--server-url`` with the drafter, ``--baseline-url``
             without); False when dsparkhub starts the engine itself (offline).
-        batching: how ``--concurrency`` above 1 is measured: ``"batched"`` (the engine decodes a batch itself),
-            ``"bench-serve"`` (``vllm serve`` driven by ``vllm bench serve``, :mod:`dsparkhub.verify.vllm.sweep`),
-            or None (one request at a time: refused before anything loads).
+        batching: how ``--concurrency`` above 1 is measured by default: ``"batched"`` (the engine decodes a batch
+            itself), ``"engine-loop"`` (dsparkhub keeps exactly c requests in flight through the engine's own API,
+            :mod:`dsparkhub.verify.vllm.closed_loop`), ``"bench-serve"`` (``vllm serve`` driven by ``vllm bench
+            serve``, :mod:`dsparkhub.verify.vllm.sweep`), or None (one request at a time: refused before anything
+            loads).
+        other_batching: the other modes ``verify --load-driver`` may pick for it instead of ``batching``.
         final_layer_state: how it reads the state of a target layer that is the last one: ``"raw"`` (the decoder
             layer's output, before the final norm) or ``"normed"`` (after it); :mod:`dsparkhub.validate.settings`
             rule DSH304 / DSH313.
@@ -56,6 +59,7 @@ class Engine:
     arguments: dict[str, str] = field(default_factory=dict)
     settings: frozenset[str] = frozenset()
     gpu_methods: tuple[str, ...] = ()
+    other_batching: tuple[str, ...] = ()
 
     def load(self) -> type:
         """Import the engine's module and return its backend class.
@@ -106,15 +110,17 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
                       "confidence_threshold": "confidence_threshold"},
            settings=frozenset({"device", "confidence_threshold"})),
     # vLLM 0.32 model_executor/models/qwen2.py:430-445 _maybe_add_hidden_state, before self.norm (Qwen3 inherits it)
-    Engine("vllm", "vLLM offline engine", server=False, batching="bench-serve", final_layer_state="raw",
+    # --concurrency: a closed loop over LLM.llm_engine (add_request / step); --load-driver bench-serve: vllm serve
+    Engine("vllm", "vLLM offline engine", server=False, batching="engine-loop", final_layer_state="raw",
            final_layer_source="vLLM aux hidden states", methods=tuple(METHODS),
            module="dsparkhub.verify.vllm.offline", cls="VllmBackend",
            arguments={"target": "target", "draft": "drafter", "method": "method",
                       "tensor_parallel_size": "tensor_parallel_size", "max_model_len": "max_model_len",
                       "compilation_config": "compilation_config", "speculative_config": "speculative_extra",
-                      "engine_args": "extra_engine_args", "env": "env"},
+                      "engine_args": "extra_engine_args", "env": "env", "max_concurrency": "max_concurrency"},
            settings=frozenset({"tensor_parallel_size", "max_model_len", "compilation_config", "speculative_config"}),
-           gpu_methods=("dspark",)),  # vLLM 0.32 runs DSpark in its V2 GPU model runner only (config/vllm.py)
+           # vLLM 0.32 runs DSpark in its V2 GPU model runner only (config/vllm.py)
+           gpu_methods=("dspark",), other_batching=("bench-serve",)),
     Engine("vllm-serve", "vLLM server", server=True, batching="bench-serve", final_layer_state="raw",
            final_layer_source="vLLM aux hidden states", methods=tuple(METHODS),
            module="dsparkhub.verify.vllm.server", cls="VllmServerBackend",

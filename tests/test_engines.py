@@ -204,6 +204,6 @@ def test_every_engine_row_loads_its_class():
         assert engine.load().__name__ == engine.cls
         assert set(engine.arguments) <= {"target", "draft", "opened_draft", "method", "device", "tensor_parallel_size",
                                          "max_model_len", "compilation_config", "confidence_threshold", "server_url",
-                                         "baseline_url", "speculative_config", "engine_args", "env"}
+                                         "baseline_url", "speculative_config", "engine_args", "env", "max_concurrency"}
     with pytest.raises(ImportError, match="has no Nothing"):
         Engine("x", "x", False, None, "raw", "", (), module="dsparkhub.serving", cls="Nothing").load()

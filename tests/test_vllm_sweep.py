@@ -46,7 +46,8 @@ def fake(tmp_path, monkeypatch):
 def _verify(fake, out, **kw):
     backend = kw.pop("backend", "vllm")
     settings = VerifySettings(num_speculative_tokens=kw.pop("ns", [3]), datasets=[str(fake["prompts"])],
-                              max_new_tokens=6, load=LoadOptions(concurrency=kw.pop("concurrency", (1, 4))), **kw)
+                              max_new_tokens=6, load=LoadOptions(concurrency=kw.pop("concurrency", (1, 4)),
+                                                                  driver="bench-serve"), **kw)
     return runner.run_verify(fake["draft"], fake["target"], settings, backend=backend, progress=False, check=False,
                              tokenizer=Tok(), out=out)
 

@@ -52,8 +52,12 @@ from dsparkhub.serving import engine_names, method_names, sglang_algorithms
               "exceeds the target's context (--max-model-len, else max_position_embeddings); refused otherwise.")
 @click.option("--concurrency", "concurrency", default="1", show_default=True, callback=int_list,
               help="Comma-separated requests in flight (e.g. 1,8,32); each is measured with and without the "
-              "drafter (reference engine: batched decoding; vllm / vllm-serve: `vllm serve` driven by `vllm bench "
-              "serve`).")
+              "drafter (reference engine: batched decoding; vllm: a closed loop over vLLM's engine API with exactly C "
+              "requests in flight; vllm-serve: `vllm bench serve`).")
+@click.option("--load-driver", "load_driver", type=click.Choice(["engine-loop", "bench-serve"]),
+              help="How --backend vllm drives --concurrency: engine-loop (default: LLM.llm_engine in dsparkhub's "
+              "child, vLLM's per-request metrics) or bench-serve (dsparkhub starts `vllm serve` per configuration "
+              "and drives it with `vllm bench serve`).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed repeats per configuration, baseline and drafter interleaved; speedups are medians and a "
               "wide spread marks them unreliable.")
@@ -77,7 +81,8 @@ from dsparkhub.serving import engine_names, method_names, sglang_algorithms
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, temperature, seed, method, out,
            device, tp, pp, executor, ray_address, max_model_len, compilation_config, server_url, baseline_url,
-           confidence_threshold, overwrite, allow_beyond_context, concurrency, repeats, threads, adaptive_verification,
+           confidence_threshold, overwrite, allow_beyond_context, concurrency, load_driver, repeats, threads,
+           adaptive_verification,
            speculative_options, lossless_at_block_size, baseline, quiet) -> None:
     """Measure a drafter: lossless check, acceptance length τ, per-position acceptance, speedup. Exit 1 on a
     lossless failure or when the engine refuses; Ctrl-C keeps the configurations measured so far in --out."""
@@ -99,7 +104,8 @@ def verify(draft, target, backend, ns, datasets, max_prompts, max_new_tokens, te
                 tensor_parallel_size=tp, pipeline_parallel_size=pp, distributed_executor_backend=executor,
                 ray_address=ray_address, max_model_len=max_model_len, compilation_config=compilation_config,
                 confidence_threshold=confidence_threshold, server_url=server_url, baseline_url=baseline_url,
-                load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats, intra_op_threads=threads),
+                load=LoadOptions(concurrency=tuple(concurrency), repeats=repeats, intra_op_threads=threads,
+                                 driver=load_driver),
                 allow_beyond_context=allow_beyond_context, baseline=baseline),
             backend=backend, out=out, overwrite=overwrite, progress=not quiet,
             raise_on_mismatch=False, warn=lambda line: click.echo(line, err=True))

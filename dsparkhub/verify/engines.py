@@ -48,7 +48,7 @@ def make_backend(name: str, *, target: str, draft: str | OpenedDraft, method: st
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  compilation_config: dict | None = None, confidence_threshold: float | None = None,
                  server_url: str | None = None, baseline_url: str | None = None,
-                 speculative_config: dict | None = None, layout=None) -> Backend:
+                 speculative_config: dict | None = None, layout=None, max_concurrency: int | None = None) -> Backend:
     """Construct a verify backend by name, importing its module only now.
 
     Args:
@@ -67,6 +67,8 @@ def make_backend(name: str, *, target: str, draft: str | OpenedDraft, method: st
         speculative_config: extra keys for vLLM's ``speculative_config`` (``vllm`` only; ``spec_options``).
         layout: the :class:`~dsparkhub.verify.parallel.ParallelLayout` (``vllm``: pipeline parallel size,
             executor and ``RAY_ADDRESS`` for the engine; checked before by ``check_layout``).
+        max_concurrency: the sweep's highest concurrency for an engine driven by a closed loop over its own API
+            (``vllm``: ``max_num_seqs`` >= it, :mod:`dsparkhub.verify.vllm.closed_loop`); None: batch 1.
 
     Raises:
         EngineUnavailableError: unknown name, the engine's module is missing (vLLM not installed), or a setting the
@@ -81,7 +83,7 @@ def make_backend(name: str, *, target: str, draft: str | OpenedDraft, method: st
               "compilation_config": compilation_config, "confidence_threshold": confidence_threshold,
               "server_url": server_url, "baseline_url": baseline_url, "speculative_config": speculative_config or None,
               "engine_args": (layout.engine_args() or None) if layout else None,
-              "env": (layout.env() or None) if layout else None}
+              "env": (layout.env() or None) if layout else None, "max_concurrency": max_concurrency}
     try:
         cls = engine.load()
     except ImportError as exc:

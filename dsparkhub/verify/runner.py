@@ -101,6 +101,21 @@ def _check_concurrency(backend: Backend, concurrency: tuple[int, ...]) -> None:
             hint="drop --concurrency, or pick a backend that batches requests")
 
 
+def _check_driver(row, driver: str | None) -> None:
+    """Refuse a ``--load-driver`` the engine's row does not offer (before anything loads).
+
+    Raises:
+        EngineOptionError: naming the driver, the engine and the drivers it takes.
+    """
+    if driver is None or row is None:
+        return
+    offered = [m for m in (row.batching, *row.other_batching) if m is not None]
+    if driver not in offered:
+        raise EngineOptionError(f"--load-driver {driver} is not one the {row.label} ({row.name}) takes; it takes "
+                                f"{', '.join(offered) or 'none (one request at a time)'}",
+                                hint="drop --load-driver, or pick --backend vllm")
+
+
 def _run_one(backend: Backend, prompts: list[list[int]], *, n: int | None, max_new_tokens: int,
              temperature: float, seed: int, desc: str, progress: bool, concurrency: int = 1) -> RunStats:
     """One configuration with a tqdm bar on stderr (per prompt where the backend reports progress)."""
@@ -236,6 +251,7 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
             raise EngineOptionError(f"backend {backend} runs one request at a time, so --concurrency "
                                     f"{max(load.concurrency)} is out of its reach; measure serving load with "
                                     "--backend reference (batched decoding)", hint="drop --concurrency")
+        _check_driver(engine_entry(backend), load.driver)
     if method is not None and method not in method_names():
         raise VerifyArgumentError(f"unknown method {method!r}; expected one of {', '.join(method_names())}")
     try:
@@ -314,7 +330,15 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                             **file_setup)
 
     owned = isinstance(backend, str)
-    if owned and row.batching == "bench-serve" and load.concurrency != (1,):  # vllm serve + vllm bench serve
+    # how a concurrency sweep is driven: the row's default (vllm: engine-loop, vllm-serve: bench-serve), or the
+    # other mode --load-driver picks (vllm: bench-serve, dsparkhub's own `vllm serve`); batch 1 ignores it
+    driver = (load.driver or row.batching) if owned and load.concurrency != (1,) else None
+    if driver == "engine-loop":  # the closed loop sends each prompt once, as the bench does
+        from dsparkhub.verify.vllm.sweep import check_reach
+
+        check_reach(load.concurrency, [len(ds.prompts) for ds in data], [ds.name for ds in data],
+                    sender="dsparkhub's closed loop")
+    if driver == "bench-serve":  # vllm serve + vllm bench serve
         from dsparkhub.verify.vllm.sweep import sweep_backend
 
         engine = sweep_backend(backend, target=target, draft=draft, method=method, concurrency=load.concurrency,
@@ -331,7 +355,8 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                               compilation_config=settings.compilation_config, layout=layout_of(settings),
                               confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
                               baseline_url=settings.baseline_url,
-                              speculative_config=spec_options.speculative_config if spec_options else None) \
+                              speculative_config=spec_options.speculative_config if spec_options else None,
+                              max_concurrency=max(load.concurrency) if driver == "engine-loop" else None) \
             if owned else backend
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
     plain: dict[str, dict[int, RunStats]] = {ds.name: {} for ds in data}  # a drafter baseline's lossless check

@@ -20,12 +20,16 @@ class LoadOptions:
         spread_limit: (max - min) / median of the per-repeat speedups above which a speedup is marked unreliable.
         intra_op_threads: torch intra-op threads for the reference engine on CPU; None chooses by model size
             (:func:`dsparkhub.torch_threads.threads_for`).
+        driver: how a concurrency above 1 is driven (``--load-driver``): None is the engine's own default
+            (:attr:`dsparkhub.serving.Engine.batching`); ``"bench-serve"`` picks ``vllm serve`` + ``vllm bench
+            serve`` for ``--backend vllm`` (its ``other_batching``).
     """
 
     concurrency: tuple[int, ...] = (1,)
     repeats: int = 1
     spread_limit: float = DEFAULT_SPREAD_LIMIT
     intra_op_threads: int | None = None
+    driver: str | None = None
 
     def checked(self) -> "LoadOptions":
         """The options with ``concurrency`` sorted.
@@ -43,7 +47,7 @@ class LoadOptions:
             raise VerifyArgumentError(f"spread_limit must be >= 0, found {self.spread_limit}")
         if self.intra_op_threads is not None and self.intra_op_threads < 1:
             raise VerifyArgumentError(f"intra_op_threads must be at least 1, found {self.intra_op_threads}")
-        return LoadOptions(tuple(cs), self.repeats, self.spread_limit, self.intra_op_threads)
+        return LoadOptions(tuple(cs), self.repeats, self.spread_limit, self.intra_op_threads, self.driver)
 
 
 @dataclass(frozen=True)

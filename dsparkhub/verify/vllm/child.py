@@ -16,10 +16,15 @@ Engine mode requests:
   (on CPU ``enforce_eager`` defaults to True and the KV cache to 1 GiB), warms it up with one short generate, answers
   ``{"vllm_version", "device", "start_s", "warmup_s", "model_runner", "contract"}``; before anything loads, the
   engine self-check (:func:`~dsparkhub.verify.vllm.contract.self_check`) refuses a vLLM that lacks what it touches.
-- ``{"action": "run", "prompts", "max_new_tokens", "temperature", "seed", "ignore_eos"}`` -> generates each prompt
-  alone (batch 1), timing only the ``generate`` calls; answers ``{"outputs", "wall_s", "per_prompt_s", "requests",
-  "counters_before", "counters_after"}`` (vLLM's cumulative spec-decode counters around the run; ``requests``: per
-  prompt vLLM's own ``{"drafts", "accepted", "ttft_s", "e2e_s"}``, see :func:`_request_figures`).
+  With ``"closed_loop": true`` (a concurrency sweep; the engine args then carry ``max_num_seqs`` >= its highest
+  concurrency) the self-check also covers the engine API of the closed loop (``touches.engine_loop``).
+- ``{"action": "run", "prompts", "max_new_tokens", "temperature", "seed", "ignore_eos", "concurrency"}`` -> without
+  ``closed_loop``: generates each prompt alone (batch 1, ``concurrency`` must be 1), timing only the ``generate``
+  calls; with it: keeps exactly ``concurrency`` requests in flight through ``LLM.llm_engine``
+  (:func:`~dsparkhub.verify.vllm.closed_loop.run_closed_loop`), wall time from the first add to the last finish.
+  Answers ``{"outputs", "wall_s", "per_prompt_s", "requests", "peak_in_flight", "counters_before",
+  "counters_after"}`` (vLLM's cumulative spec-decode counters around the run; ``requests``: per prompt vLLM's own
+  ``{"drafts", "accepted", "ttft_s", "e2e_s"}``, see :func:`_request_figures`).
 - ``{"action": "metrics_text"}`` -> the Prometheus exposition text of this process's registry (what ``vllm serve``
   would show on ``/metrics``), for tests of the text parser.
 
@@ -56,6 +61,8 @@ class EngineSession:
     def __init__(self) -> None:
         self.llm = None
         self.stage = "importing vllm"
+        self.closed_loop = False  # set by 'start': runs go through the closed loop (a concurrency sweep)
+        self._runs = 0
 
     def handle(self, request: dict) -> dict:
         action = request.get("action")
@@ -81,7 +88,9 @@ class EngineSession:
 
         self.stage = "checking vLLM against its contract"
         contract = contract_for(vllm.__version__)
-        paragraph = self_check_paragraph(contract, self_check(contract, "engine"))
+        self.closed_loop = bool(request.get("closed_loop"))
+        missing = self_check(contract, "engine") + (self_check(contract, "engine_loop") if self.closed_loop else [])
+        paragraph = self_check_paragraph(contract, missing)
         if paragraph:
             raise EngineUnavailableError(paragraph)
         from vllm import LLM
@@ -134,18 +143,44 @@ class EngineSession:
             requests.append(_request_figures(result[0]))
         return outputs, times, requests
 
+    def _loop(self, prompts, *, max_new_tokens, temperature, seed, ignore_eos, concurrency):
+        """``concurrency`` requests in flight through ``LLM.llm_engine`` (:mod:`~dsparkhub.verify.vllm.closed_loop`);
+        returns ``(outputs, wall_s, per-request seconds, per-request figures, peak in flight)``."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        from dsparkhub.verify.vllm.closed_loop import run_closed_loop
+
+        def params(i: int):  # prompt i samples with seed + i, as the batch-1 path and the reference engine do
+            return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed + i,
+                                  ignore_eos=ignore_eos, output_kind=RequestOutputKind.FINAL_ONLY)
+
+        self._runs += 1
+        run = run_closed_loop(self.llm.llm_engine, [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                              params, concurrency, tag=f"dsh{self._runs}")
+        outputs = [[int(t) for t in out.outputs[0].token_ids] for out in run.outputs]
+        return outputs, run.wall_s, run.request_s, [_request_figures(out) for out in run.outputs], run.peak_in_flight
+
     def run(self, request: dict) -> dict:
         from dsparkhub.verify.vllm.counters import spec_counters_from_metrics
 
         self.stage = "generating"
+        sampling = dict(max_new_tokens=int(request["max_new_tokens"]),
+                        temperature=float(request.get("temperature", 0.0)), seed=int(request.get("seed", 0)),
+                        ignore_eos=bool(request.get("ignore_eos", False)))
+        concurrency = int(request.get("concurrency", 1))
         before = spec_counters_from_metrics(self.llm.get_metrics())
-        outputs, times, requests = self._generate(request["prompts"], max_new_tokens=int(request["max_new_tokens"]),
-                                        temperature=float(request.get("temperature", 0.0)),
-                                        seed=int(request.get("seed", 0)),
-                                        ignore_eos=bool(request.get("ignore_eos", False)))
+        if self.closed_loop:  # a concurrency sweep: every concurrency (1 too) through the same closed loop
+            outputs, wall, times, requests, peak = self._loop(request["prompts"], concurrency=concurrency, **sampling)
+        else:  # batch 1, one LLM.generate per prompt
+            if concurrency != 1:
+                raise ValueError(f"concurrency {concurrency} asked of an engine started without closed_loop")
+            outputs, times, requests = self._generate(request["prompts"], **sampling)
+            wall, peak = sum(times), 1
         after = spec_counters_from_metrics(self.llm.get_metrics())
-        return {"outputs": outputs, "wall_s": sum(times), "per_prompt_s": times, "requests": requests,
-                "counters_before": asdict(before), "counters_after": asdict(after)}
+        return {"outputs": outputs, "wall_s": wall, "per_prompt_s": times, "requests": requests,
+                "peak_in_flight": peak, "counters_before": asdict(before), "counters_after": asdict(after)}
 
 
 def _has_engine_arg(name: str) -> bool:

@@ -227,7 +227,8 @@ def self_check(contract: VllmContract, mode: str, importer: Callable[[str], Any]
 
     Args:
         contract: the installed vLLM's contract.
-        mode: ``"engine"`` (verify --backend vllm) | ``"check"`` (vllm-check).
+        mode: ``"engine"`` (verify --backend vllm) | ``"engine_loop"`` (its ``--concurrency`` closed loop) |
+            ``"check"`` (vllm-check).
         importer: imports a module by name (tests pass a stand-in).
 
     Imports vLLM's modules: call it in the vLLM child, before anything loads.

@@ -42,8 +42,9 @@ class VllmBackend:
     ``num_speculative_tokens`` and replaced when it changes, so callers should loop configuration-outer,
     dataset-inner (engine start is ~15 s for a tiny model on CPU, minutes for a large one on GPU).
     Each engine does one short warm-up generate; then each prompt is generated alone (batch 1) and only those
-    ``generate`` calls are timed with a wall clock. Acceptance comes from vLLM's own counters (``get_metrics()``
-    before and after the run; deltas).
+    ``generate`` calls are timed with a wall clock, or, in a concurrency sweep (``max_concurrency`` > 1), a closed
+    loop over vLLM's engine API keeps ``concurrency`` requests in flight and is timed from first add to last finish.
+    Acceptance comes from vLLM's own counters (``get_metrics()`` before and after the run; deltas).
 
     Args:
         target: target model folder or Hub id (vLLM's ``model``).
@@ -64,6 +65,9 @@ class VllmBackend:
         python: interpreter for the child (default: this one).
         speculative_extra: more ``speculative_config`` keys (``enable_adaptive_verification``,
             ``rejection_sample_method``: :mod:`dsparkhub.verify.spec_options`), merged last.
+        max_concurrency: the highest concurrency :meth:`run` will be asked for. Above 1, every engine starts with
+            vLLM ``max_num_seqs`` >= it and every run, at any concurrency, goes through the closed loop over vLLM's
+            engine API (:mod:`dsparkhub.verify.vllm.closed_loop`); 1 keeps one ``LLM.generate`` per prompt.
 
     Raises:
         LayoutError: ``method`` is None and cannot be derived from the drafter's config.
@@ -76,7 +80,8 @@ class VllmBackend:
                  compilation_config: dict | None = None, dtype: str = "auto", enforce_eager: bool | None = None,
                  extra_engine_args: dict | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  ignore_eos: bool = False, env: dict[str, str] | None = None, python: str | None = None,
-                 speculative_extra: dict | None = None):
+                 speculative_extra: dict | None = None, max_concurrency: int = 1):
+        self.max_concurrency = int(max_concurrency)
         self.speculative_extra = dict(speculative_extra or {})  # dsparkhub.verify.spec_options
         self.target = _local_or_id(target)
         self.drafter = _local_or_id(drafter) if drafter is not None else None
@@ -137,7 +142,10 @@ class VllmBackend:
                 spec["model"] = self.drafter
             spec.update(self.speculative_extra)
             args["speculative_config"] = spec
-        return {"action": "start", "model": self.target, "engine_args": args}
+        if self.max_concurrency > 1:  # vLLM's scheduler must take every request the closed loop keeps in flight
+            args["max_num_seqs"] = max(int(args.get("max_num_seqs") or 0), self.max_concurrency)
+        return {"action": "start", "model": self.target, "engine_args": args,
+                "closed_loop": self.max_concurrency > 1}
 
     def _ensure(self, n: int | None) -> ChildProcess:
         if self._child is not None and self._child_n == n and self._child.proc.poll() is None:
@@ -154,31 +162,44 @@ class VllmBackend:
             child.close(grace_s=5)
             raise
         self._child, self._child_n = child, n
-        self.device = reply.get("device", self.device)
+        if reply.get("device"):  # the results' setup line says how the load was made (as the serve sweep does)
+            self.device = reply["device"] + (", load from a closed loop over LLM.llm_engine"
+                                             if self.max_concurrency > 1 else "")
         if reply.get("vllm_version"):
             self.version = f"vllm {reply['vllm_version']}"
         self.last_start = reply
         return child
 
     def run(self, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
-            temperature: float = 0.0, seed: int = 0) -> RunStats:
-        """Generate for every prompt, batch 1, with this configuration's engine; see ``stats.Backend.run``.
+            temperature: float = 0.0, seed: int = 0, concurrency: int = 1) -> RunStats:
+        """Generate for every prompt with this configuration's engine; see ``stats.Backend.run``.
+
+        ``concurrency`` 1 with ``max_concurrency`` 1: one ``LLM.generate`` per prompt (batch 1). Otherwise a closed
+        loop keeps exactly ``concurrency`` requests in flight (prompt i sampled with seed + i either way).
 
         Returns:
-            RunStats with ``outputs``, ``wall_s`` (generate calls only) and vLLM's counter deltas;
-            ``draft_s`` / ``verify_s`` / ``steps`` are None (vLLM does not expose them).
+            RunStats with ``outputs``, ``wall_s`` (generate calls only at batch 1; first add to last finish in the
+            closed loop), vLLM's counter deltas and its own per-request figures; ``draft_s`` / ``verify_s`` /
+            ``steps`` are None (vLLM does not expose them).
 
         Raises:
             EngineUnavailableError: vLLM refused this configuration (one paragraph: what, why, what to do).
-            VerifyError: the child crashed, was killed, timed out, or vLLM raised during generation.
+            VerifyError: the child crashed, was killed, timed out, or vLLM raised during generation; ``concurrency``
+                above ``max_concurrency`` or above the number of prompts (it could never be reached).
         """
         if not prompts:
             raise VerifyError("VllmBackend.run got no prompts.")
+        if not 1 <= concurrency <= max(self.max_concurrency, 1) or concurrency > len(prompts):
+            raise VerifyError(f"concurrency {concurrency} asked of a vLLM backend built for at most "
+                              f"{self.max_concurrency} with {len(prompts)} prompts; it could not be reached.",
+                              hint="construct VllmBackend(max_concurrency=...) with the sweep's highest concurrency "
+                                   "and give at least that many prompts")
         child = self._ensure(num_speculative_tokens)
         what = self._what(num_speculative_tokens)
         reply = child.request(
             {"action": "run", "prompts": [list(map(int, p)) for p in prompts], "max_new_tokens": int(max_new_tokens),
-             "temperature": float(temperature), "seed": int(seed), "ignore_eos": self.ignore_eos},
+             "temperature": float(temperature), "seed": int(seed), "ignore_eos": self.ignore_eos,
+             "concurrency": int(concurrency)},
             timeout_s=self.timeout_s, what=f"generating with {what}")
         if "error" in reply:
             try:
@@ -202,6 +223,7 @@ class VllmBackend:
             num_draft_tokens=delta.num_draft_tokens,
             num_accepted_tokens=delta.num_accepted_tokens,
             accepted_per_pos=delta.accepted_per_pos,
+            concurrency=int(concurrency),
             **request_fields(reply.get("requests")),
         )
 

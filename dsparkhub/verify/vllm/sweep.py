@@ -1,8 +1,10 @@
 """Verify at serving load with vLLM's own tools: ``vllm serve`` per configuration, ``vllm bench serve`` per concurrency.
 
-:class:`VllmServeSweepBackend` is the verify backend that ``dsparkhub verify --backend vllm|vllm-serve
---concurrency C1,C2,...`` uses (the runner picks it through :func:`sweep_backend` when a concurrency other than
-the default 1 is asked). For every ``run(prompts, num_speculative_tokens=n, concurrency=c)`` it
+:class:`VllmServeSweepBackend` is the verify backend that ``dsparkhub verify --backend vllm-serve --concurrency
+C1,C2,...`` and ``--backend vllm --load-driver bench-serve --concurrency ...`` use (the runner picks it through
+:func:`sweep_backend` when a concurrency other than the default 1 is asked; ``--backend vllm`` alone drives its
+offline engine with :mod:`dsparkhub.verify.vllm.closed_loop` instead). For every ``run(prompts,
+num_speculative_tokens=n, concurrency=c)`` it
 
 1. makes sure a server for configuration ``n`` is up: with ``--backend vllm`` it starts ``vllm serve`` itself
    (:class:`dsparkhub.verify.vllm.serve.ServeProcess`: baseline without ``--speculative-config``, then one server
@@ -37,8 +39,9 @@ __all__ = ["VllmServeSweepBackend", "check_reach", "sweep_backend"]
 
 
 def check_reach(concurrency: Sequence[int], prompts_per_dataset: Sequence[int],
-                dataset_names: Sequence[str] | None = None) -> None:
-    """Refuse a concurrency no dataset can fill (fewer prompts than requests meant to be in flight).
+                dataset_names: Sequence[str] | None = None, sender: str = "`vllm bench serve`") -> None:
+    """Refuse a concurrency no dataset can fill (fewer prompts than requests meant to be in flight); ``sender``
+    names what sends each prompt once (the bench, or the engine-loop driver).
 
     Raises:
         EngineUnavailableError: one paragraph naming the concurrency and the dataset.
@@ -49,7 +52,7 @@ def check_reach(concurrency: Sequence[int], prompts_per_dataset: Sequence[int],
             name = dataset_names[i] if dataset_names else f"dataset {i + 1}"
             raise EngineUnavailableError(
                 f"--concurrency {top} cannot be reached on {name}: it has {count} prompts, so at most {count} "
-                f"requests are ever in flight together. Why: `vllm bench serve` sends each prompt once, and the "
+                f"requests are ever in flight together. Why: {sender} sends each prompt once, and the "
                 f"figures would be labelled {top} while measuring {count}. What to do: give at least {top} prompts "
                 f"(--max-prompts, a larger prompts file), or a concurrency of at most {count}.")
 
