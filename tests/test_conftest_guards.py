@@ -30,3 +30,19 @@ def test_socket_guard_lets_loopback_through():
 
 def test_markers_are_strict(pytestconfig):
     assert "--strict-markers" in pytestconfig.getini("addopts")
+
+
+def test_vllm_check_fails_in_ci_and_skips_locally_without_vllm(monkeypatch):
+    """conftest.vllm_check goes through require(): without vLLM a CI run FAILS (pytest.importorskip, which the
+    conformance files used before, skipped silently), a local run skips."""
+    import sys
+
+    from conftest import vllm_check
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="vllm is not importable in CI"):
+        vllm_check("draft", "target")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="vllm is not installed"):
+        vllm_check("draft", "target")

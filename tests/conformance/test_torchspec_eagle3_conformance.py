@@ -108,10 +108,9 @@ def test_a_correctly_trimmed_head_passes(fixture_copy, toy_target):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_converted_torchspec_eagle3_passes_vllm_check(converted, toy_target):
-    pytest.importorskip("vllm")
-    from dsparkhub.verify.vllm.checks import check_with_vllm
+    from conftest import vllm_check
 
-    report = check_with_vllm(converted, toy_target, env={"OMP_NUM_THREADS": "1"})
+    report = vllm_check(converted, toy_target)
     assert report.ok, report.to_dict()
 
 
