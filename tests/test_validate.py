@@ -196,6 +196,12 @@ def _sidecar(folder, data):
     return folder
 
 
+def _case_403(tmp, t):  # vLLM 0.34's Mistral Large 4 DSpark, judged for a 0.32 node
+    from conformance.test_mistral_large4_dspark import make_mistral_large4_dspark
+
+    return make_mistral_large4_dspark(tmp / "mistral"), None, None, "vllm", "0.32.0"
+
+
 def _case_501(tmp, t):  # the fixture's block size is 7; a table fitted for γ = 5
     return _sidecar(_drafter(tmp, t), {"temperatures": [1.5] * 5, "dataset": "x", "num_samples": 10}), t, None
 
@@ -211,11 +217,14 @@ DEEP_CODES = {"DSH207"}
 
 @pytest.mark.parametrize("code", sorted(CODES))
 def test_each_finding_fires(code, tmp_path, target, monkeypatch):
+    from dsparkhub.verify.vllm.contract import contract_for
+
     draft, tgt, n, *engine = CASES[code](tmp_path, target)
     if code == "DSH106":  # its case wrote a recipe of its own there
         monkeypatch.setenv("DSPARKHUB_CONVERTERS_DIR", str(tmp_path / "converters"))
     report = validate(draft, tgt, num_speculative_tokens=n, deep=code in DEEP_CODES,
-                      engine=engine[0] if engine else "vllm")
+                      engine=engine[0] if engine else "vllm",
+                      vllm=contract_for(engine[1]).validate_facts() if len(engine) > 1 else None)
     assert code in report.codes, [(f.code, f.message) for f in report.findings]
     finding = next(f for f in report.findings if f.code == code)
     assert finding.severity == CODES[code][0]

@@ -43,6 +43,8 @@ CODES: dict[str, tuple[str, str]] = {
                         "but HF output_hidden_states (the reference engine, DeepSpec's evaluator) returns it normed"),
     "DSH401": (WARNING, "num_speculative_tokens larger than what one block was trained to propose"),
     "DSH402": (INFO, "num_speculative_tokens smaller than what one block proposes"),
+    "DSH403": (ERROR, "(`--engine vllm`) the drafter's class is served by other vLLM versions than the one judged for "
+                      "(`--vllm-version`, else the installed one)"),
     "DSH501": (ERROR, "dspark_sts.json holds another number of temperatures than the block size (SGLang's γ)"),
     "DSH502": (ERROR, "dspark_sts.json does not load in SGLang's reader"),
 }

@@ -65,6 +65,8 @@ class VllmFacts:
         unconfirmed: the fact kinds not read from ``version``'s sources.
         method_sniffs: substrings of a drafter path from which that vLLM picks a method when none is passed.
         method_sniffs_source: ``"vLLM <line> <file:line>"`` of the sniffs.
+        served_by: every drafter architecture some contract line serves -> the lines that do (DSH403).
+        served_source: ``"vLLM <line> <file:line>"`` of this line's drafter classes.
     """
 
     version: str
@@ -73,6 +75,8 @@ class VllmFacts:
     unconfirmed: tuple[str, ...]
     method_sniffs: tuple[str, ...]
     method_sniffs_source: str
+    served_by: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    served_source: str = ""
 
     def stamp(self) -> dict:
         """``{"vllm_version", "contract_line", "confirmed", "unconfirmed"}``: what the report records."""
@@ -124,7 +128,8 @@ def check_engine(engine: str) -> None:
 
 
 def settings_findings(draft: str, facts: SettingsFacts, num_speculative_tokens: int | None,
-                      engine: str = "vllm", vllm: VllmFacts | None = None) -> list[Finding]:
+                      engine: str = "vllm", vllm: VllmFacts | None = None,
+                      architecture: str | None = None) -> list[Finding]:
     """The findings of the settings rules for a drafter at path ``draft`` served with n and ``engine``.
 
     Args:
@@ -132,8 +137,9 @@ def settings_findings(draft: str, facts: SettingsFacts, num_speculative_tokens: 
         facts: from the settings-independent pass.
         num_speculative_tokens: the n to serve with (None: DSH401 / DSH402 not checked).
         engine: a key of :data:`ENGINE_FINAL_LAYER_STATE`.
-        vllm: the vLLM contract facts to judge with (DSH107's sniffs, the version the messages name); None: vLLM
-            0.32's.
+        vllm: the vLLM contract facts to judge with (DSH107's sniffs, the version the messages name, DSH403's
+            served classes); None: vLLM 0.32's sniffs, no DSH403.
+        architecture: the drafter's ``architectures[0]`` (DSH403).
 
     Returns:
         DSH107, DSH401 / DSH402 and DSH304 / DSH313 findings, each where it applies.
@@ -150,6 +156,11 @@ def settings_findings(draft: str, facts: SettingsFacts, num_speculative_tokens: 
         out.add("DSH107", f"the drafter path contains {sniff!r}: if `method` is not passed, {named} loads it as "
                 f"that method, not DSpark" + (f" ({vllm.method_sniffs_source})" if vllm else ""), location=draft,
                 hint='always pass "method": "dspark" in --speculative-config, or rename the folder')
+    lines = (vllm.served_by.get(architecture) or ()) if vllm is not None and engine.startswith("vllm") else ()
+    if lines and vllm.line not in lines:
+        out.add("DSH403", f"vLLM {vllm.line} does not serve {architecture} (vLLM {', '.join(lines)} does): "
+                "it would not load this drafter", location=cfg_file, expected=f"vLLM {' / '.join(lines)}",
+                found=f"vLLM {vllm.version}", hint=f"serve it with vLLM {lines[-1]} or newer ({vllm.served_source})")
     n = num_speculative_tokens
     if n is not None:
         p = facts.proposals_per_block
@@ -228,7 +239,7 @@ class BasePass:
         keep = self.findings if deep or (deep is None and self.deep) else \
             [f for f in self.findings if f.code not in DEEP_CODES]
         found = [copy.copy(f) for f in keep] + settings_findings(draft, self.facts, num_speculative_tokens, engine,
-                                                                 vllm)
+                                                                 vllm, self.spec.get("architecture"))
         found.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.code, f.location))
         stamp = vllm.stamp() if vllm is not None and engine.startswith("vllm") else None
         return ValidationReport(draft, self.target, self.layout, found, copy.deepcopy(self.spec), stamp)

@@ -141,3 +141,21 @@ def test_target_activation_layers_not_comma_ints_is_refused(tmp_path, taps):
     (folder / "params.json").write_text(json.dumps(params))
     with pytest.raises(LayoutError, match="target_activation_layers|target layer ids"):
         open_draft(folder)
+
+
+def test_validate_for_a_vllm_without_the_class_says_which_versions_serve_it(tmp_path):
+    """`validate --vllm-version 0.32 / 0.33` (a node you are not on): DSH403 names 0.34, whose registry serves
+    MistralLarge4DSparkModel (registry.py:726-729); judged for 0.34 (or a newer, unconfirmed 0.35) it is not."""
+    folder = make_mistral_large4_dspark(tmp_path / "m", head_type="rnn")
+
+    def codes(version):
+        res = CliRunner().invoke(main, ["validate", str(folder), "--json", "--vllm-version", version])
+        return res.exit_code, json.loads(res.output)
+
+    for old in ("0.32.0", "0.33"):
+        code, report = codes(old)
+        (f403,) = [f for f in report["findings"] if f["code"] == "DSH403"]
+        assert code == 1 and "does not serve MistralLarge4DSparkModel (vLLM 0.34 does)" in f403["message"]
+    for new in ("0.34.0", "0.35.0"):
+        code, report = codes(new)
+        assert code == 0 and report["ok"] and report["vllm_contract"]["contract_line"] == "0.34", report

@@ -33,7 +33,8 @@ __all__ = ["Fact", "VllmContract", "contract_for", "installed_contract", "lines"
 CONTRACT_FILE = Path(__file__).with_name("contract.yaml")
 #: the fact kinds every line defines (contract.yaml explains each).
 FACT_KINDS = ("runner_attribute", "drafter_classes", "refusals", "loader_guards", "shares_from_target",
-              "removed_speculative_keys", "metrics", "cpu_stand_in", "parallel", "method_sniffs", "touches")
+              "removed_speculative_keys", "metrics", "cpu_stand_in", "parallel", "method_sniffs",
+              "gpu_drafter_classes", "touches")
 _VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)")
 
 
@@ -138,8 +139,15 @@ class VllmContract:
 
     def validate_facts(self) -> VllmFacts:
         """The facts ``validate`` applies with this contract (:class:`dsparkhub.validate.settings.VllmFacts`)."""
+        served: dict[str, list[str]] = {}
+        for line, facts in _lines().items():
+            classes = [a for group in facts["drafter_classes"].value.values() for a in group]
+            for arch in classes + list(facts["gpu_drafter_classes"].value):
+                served.setdefault(arch, []).append(line)
         return VllmFacts(self.version, self.line, self.confirmed, tuple(self.unconfirmed),
-                         tuple(self.value("method_sniffs")), self.source("method_sniffs"))
+                         tuple(self.value("method_sniffs")), self.source("method_sniffs"),
+                         {arch: tuple(dict.fromkeys(ls)) for arch, ls in served.items()},
+                         f"{self.source('drafter_classes')}; {self.facts['gpu_drafter_classes'].source}")
 
     def to_dict(self) -> dict:
         """``{"vllm_version", "contract_line", "confirmed", "unconfirmed"}`` for reports."""
