@@ -278,8 +278,8 @@ def open_checkpoint(path: str | Path, *, require_config: bool = True, lazy: bool
     """Index a local checkpoint folder (or a single ``.safetensors`` file) from its config and headers.
 
     Args:
-        path: folder holding ``config.json`` (or a Mistral-native ``params.json``) plus ``model.safetensors`` / shards with
-            ``model.safetensors.index.json``, or one ``.safetensors`` file.
+        path: folder holding ``config.json`` (or a Mistral-native ``params.json``) plus ``model.safetensors`` /
+            shards with ``model.safetensors.index.json``, or one ``.safetensors`` file.
         require_config: raise when ``config.json`` is missing.
         lazy: for a sharded folder (with an index), parse a shard's header only when one of its tensors is looked
             up (:class:`LazyTensors`); the shards' existence and paths are still checked here. Used for targets,
