@@ -6,8 +6,10 @@ The fixture is built here, tiny, with the names and shapes of vLLM 0.34.0's own 
 ``transformers_utils/configs/mistral.py:155-183,477-534`` reads them; tensor names inverted from ``_DSPARK_NAME_MAP``
 (``models/mistral/mistral_large4/nvidia/dspark.py:44-55``) and ``_CHECKPOINT_NAME_MAP`` (``nvidia/model.py:296-316``);
 shapes from ``MistralLarge4DSparkModel.__init__`` (:91-167), ``MistralMLAAttention`` (``models/mistral/nvidia/
-attention.py:86-116``) and ``MistralMLP``. vLLM 0.34 cannot build the class on a CPU machine (its package
-``__init__`` raises "Mistral Large 4 is only supported on NVIDIA and AMD GPUs."), so no fixture is made by it.
+attention.py:86-116``) and ``MistralMLP``. vLLM 0.34 cannot build the class on a CPU machine, so no fixture is made
+by it: its package ``__init__`` raises "Mistral Large 4 is only supported on NVIDIA and AMD GPUs.", and with
+``current_platform.is_cuda`` stood in, importing ``nvidia/dspark.py`` fails on a CUDA op the CPU build of ``vllm._C``
+lacks (``cutlass_scaled_mm_supports_block_fp8``, via ``_custom_ops.py:745``).
 """
 
 from __future__ import annotations
