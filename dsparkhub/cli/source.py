@@ -40,15 +40,23 @@ def inspect(path: str, layout: str | None, as_json: bool, allow_pickle: bool) ->
 @click.option("--engine", type=click.Choice(engine_names()), default="vllm", show_default=True,
               help="The engine that will read the target's hidden states (the last layer is pre-norm in vLLM and "
                    "SGLang, normed in the reference engine's HF output_hidden_states).")
+@click.option("--vllm-version", help="With --engine vllm / vllm-serve: judge with this vLLM version's contract, for a "
+                                     "node you are not on (default: the installed vLLM's, else the newest supported).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--deep", is_flag=True, help="Also read the drafter's tensor data and report NaN / Inf (DSH207).")
 @click.option("--save", is_flag=True, help="Also write the settings-independent outcome as validation.json into the "
               "drafter folder (what verify, push and card read; default: print only, write nothing).")
 def validate(draft: str, target: str | None, num_speculative_tokens: int | None, layout: str | None,
-             engine: str, as_json: bool, deep: bool, save: bool) -> None:
-    """Check a drafter against its target and vLLM 0.32's contract (configs and headers only; --deep reads the
-    data too). Exit 1 on errors."""
+             engine: str, vllm_version: str | None, as_json: bool, deep: bool, save: bool) -> None:
+    """Check a drafter against its target and the vLLM contract of the installed (or --vllm-version) vLLM (configs
+    and headers only; --deep reads the data too). Exit 1 on errors."""
     from dsparkhub.validate import validate as run_validate
+    from dsparkhub.verify.vllm.contract import installed_contract
+
+    if vllm_version is not None and not engine.startswith("vllm"):
+        raise click.UsageError(f"--vllm-version judges with a vLLM contract; --engine {engine} is not vLLM")
+    contract = installed_contract(vllm_version) if engine.startswith("vllm") else None
+    facts = contract.validate_facts() if contract is not None else None
 
     if save:
         from dsparkhub.layouts.reading import open_draft
@@ -63,15 +71,19 @@ def validate(draft: str, target: str | None, num_speculative_tokens: int | None,
             raise click.UsageError("--save writes into a local drafter folder; this drafter is on the Hub")
         t = open_target(target) if target else None
         base = validate_base(d, t, deep=deep)
-        report = base.report(str(d.checkpoint.path), num_speculative_tokens=num_speculative_tokens, engine=engine)
+        report = base.report(str(d.checkpoint.path), num_speculative_tokens=num_speculative_tokens, engine=engine,
+                             vllm=facts)
         click.echo(f"wrote {write_record(d.checkpoint.path, make_record(base, d, t))}", err=True)
     else:
         report = run_validate(draft, target, num_speculative_tokens=num_speculative_tokens, layout=layout,
-                              engine=engine, deep=deep)
+                              engine=engine, deep=deep, vllm=facts)
     if as_json:
         echo_json(report.to_dict())
     else:
         click.echo(f"{report.draft}  [{report.layout}]")
+        if contract is not None:
+            click.echo(f"vLLM contract: line {contract.line} (vLLM {contract.version})"
+                       + (f"; note: {contract.note()}" if contract.note() else ""))
         print_report(report)
     if not report.ok:
         fail()

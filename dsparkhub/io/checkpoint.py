@@ -38,6 +38,8 @@ from dsparkhub.io.safety import PICKLE_SUFFIXES, SHOW, TRAINING_STATE_PREFIXES, 
 #: refuse config / index files larger than this (a 1T-parameter target's index is ~20 MB).
 MAX_JSON_BYTES = 512 << 20
 INDEX_NAME = "model.safetensors.index.json"
+#: the config of a Mistral-native checkpoint (consolidated*.safetensors beside it), read when there is no config.json
+MISTRAL_CONFIG = "params.json"
 
 
 def read_json(path: str | Path, what: str = "JSON file") -> dict:
@@ -276,8 +278,8 @@ def open_checkpoint(path: str | Path, *, require_config: bool = True, lazy: bool
     """Index a local checkpoint folder (or a single ``.safetensors`` file) from its config and headers.
 
     Args:
-        path: folder holding ``config.json`` plus ``model.safetensors`` / shards with
-            ``model.safetensors.index.json``, or one ``.safetensors`` file.
+        path: folder holding ``config.json`` (or a Mistral-native ``params.json``) plus ``model.safetensors`` /
+            shards with ``model.safetensors.index.json``, or one ``.safetensors`` file.
         require_config: raise when ``config.json`` is missing.
         lazy: for a sharded folder (with an index), parse a shard's header only when one of its tensors is looked
             up (:class:`LazyTensors`); the shards' existence and paths are still checked here. Used for targets,
@@ -310,6 +312,8 @@ def open_checkpoint(path: str | Path, *, require_config: bool = True, lazy: bool
     config_path = path / "config.json"
     if config_path.exists():
         config = read_json(config_path, "config.json")
+    elif (path / MISTRAL_CONFIG).exists():  # Mistral-native (vLLM config_format "mistral" reads params.json)
+        config = read_json(path / MISTRAL_CONFIG, MISTRAL_CONFIG)
     elif require_config:
         raise CheckpointNotFoundError("config.json not found in the checkpoint folder", path=path,
                                       hint="point at the folder that holds config.json and the safetensors files")

@@ -136,6 +136,13 @@ def table_for(spec: DraftSpec, folder: str | Path | None = None) -> dict | None:
     return None
 
 
+def markov_head_types(spec: DraftSpec, folder: str | Path | None = None) -> list[str]:
+    """The Markov head types vLLM serves for ``spec``'s family (table key ``markov_head_types``; default
+    ``["vanilla"]``, the only head vLLM 0.32 has; Mistral Large 4 adds ``rnn`` in vLLM 0.34)."""
+    table = table_for(spec, folder)
+    return list((table or {}).get("markov_head_types") or ["vanilla"])
+
+
 def family_of_target(model_type: str | None, folder: str | Path | None = None) -> str | None:
     """The drafter family whose table lists ``model_type`` (a target's text model type) in ``target_model_types``,
     or None when no table does (a target dsparkhub knows no DSpark family for)."""
@@ -151,7 +158,8 @@ def _names(spec: DraftSpec, table: dict) -> dict:
              "A": len(spec.target_layer_ids), "Ht": spec.target_hidden_size, "L": spec.num_layers,
              "dspark": int(spec.variant == "dspark"),
              "dflash2": int(spec.variant == "dflash2"), "confidence": int(spec.confidence_head),
-             "with_markov": int(spec.confidence_head_with_markov),
+             "with_markov": int(spec.confidence_head_with_markov), "B": spec.block_size,
+             "rnn_head": int(spec.markov_head_type == "rnn"),
              "reduced_vocab": int(spec.draft_vocab_size != spec.vocab_size),
              "has_embed": 1, "has_lm_head": 1, "confidence_bias": 1}
     # a var's keys are looked up in the backbone config, then in the layout keys the recipe carries (extras:

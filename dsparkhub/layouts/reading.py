@@ -76,14 +76,42 @@ def _check_geometry(dcfg: dict, path: Path, dkey: str | None) -> None:
                               f"[{lo}, {hi}], found {reprlib.repr(value)}", path=path)
 
 
+def config_on_read(config: dict, recipe: Recipe, path: Path) -> dict:
+    """``config`` with the recipe's ``config_on_read`` keys added (a copy; the others as they are): each read from its
+    dotted ``key`` (or set to ``default`` where absent), ``comma_ints`` parsed from ``"0,3,5"`` as vLLM 0.34 reads
+    Mistral's ``mtp.target_activation_layers`` (transformers_utils/configs/mistral.py:450-460).
+
+    Raises:
+        LayoutError: a ``comma_ints`` value that is not integers separated by commas.
+    """
+    rules = recipe.data.get("config_on_read") or {}
+    if not rules:
+        return config
+    out = dict(config)
+    for name, rule in rules.items():
+        value = get_key(config, rule["key"]) if rule.get("key") else MISSING
+        if value is MISSING or value is None:
+            value = rule.get("default")
+        elif rule.get("format") == "comma_ints":
+            parts = [p.strip() for p in str(value).split(",") if p.strip()]
+            if not parts or not all(re.fullmatch(r"-?\d+", p) for p in parts):
+                raise LayoutError(f"config key `{rule['key']}` must be comma-separated integers (\"0,3,5\"), found "
+                                  f"{reprlib.repr(value)}", path=path)
+            value = [int(p) for p in parts]
+        if value is not None:
+            out[name] = value
+    return out
+
+
 def read_spec(ckpt: Checkpoint, recipe: Recipe) -> DraftSpec:
     """Read a checkpoint in ``recipe``'s layout into a :class:`DraftSpec` (config + headers only).
 
     Raises:
         LayoutError: a required key is missing or mistyped (block_size, target layer ids), or tensor names clash.
     """
-    cfg = ckpt.config
-    path = Path(ckpt.path) / "config.json"
+    # a layout read through config_on_read is Mistral-native: its config is params.json (open_checkpoint)
+    path = Path(ckpt.path) / ("params.json" if recipe.data.get("config_on_read") else "config.json")
+    cfg = config_on_read(ckpt.config, recipe, path)
     archs = cfg.get("architectures") or ["?"]
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise LayoutError(f"config key `architectures` must be a list of strings, found {reprlib.repr(archs)}",

@@ -37,6 +37,9 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
   ``extra_defaults``: ``{name: value}`` for an extra the config leaves out (the layout trainer's default);
 - ``model_type_on_read``: ``{model_type: model_type}``, a drafter-only ``model_type`` read as the backbone's
   (TorchSpec's DFlash ``dflash`` is a Qwen3 layer; transformers, so vLLM, knows no ``dflash``);
+- ``config_on_read``: ``{key: {key: DOTTED, format: as_is | comma_ints, default: V}}``, keys read from another
+  spelling of the config (Mistral-native ``params.json``: ``dim`` is ``hidden_size``, ``mtp.depth`` the block size,
+  ``"0,3"`` target layer ids) before the fields are, see :func:`dsparkhub.layouts.reading.config_on_read`;
 - ``tensors.keep``: regular expressions; tensors matching none are not the drafter's (the target's, for attached
   layouts) and are ignored without a note;
 - ``tensors.aliases_by_model_type``: ``{model_type: {canonical prefix read: canonical prefix}}``, names one model
@@ -52,7 +55,8 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
   ``k3_config_rules`` (K3DSparkConfig's refusals: DSH109) and ``served_through_speculators`` (vLLM reads the config
   through ``speculators/algos.py``: DSH113 / DSH114, and exempt from DSH115 / DSH106), ``own_block_layout_reader``
   (its vLLM config class reads the block layout, not the native DSpark reader's ``sample_from_anchor`` default:
-  exempt from DSH106);
+  exempt from DSH106), ``learned_mask_embedding`` (mask slots are a learned ``mask_embedding``, the sentinel id is
+  out of vocab by design: no mask token id, exempt from DSH102);
 - ``write.derive``: tensors the layout needs that are computed from others (speculators ``t2d`` from ``d2t``),
   see :data:`DERIVED_TENSORS`.
 

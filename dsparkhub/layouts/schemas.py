@@ -92,6 +92,15 @@ class ExtraKey(_Strict):
     key: str
 
 
+class KeyOnRead(_Strict):
+    """``config_on_read`` entry: the config key (dotted) a key is read from, how its value is spelled there
+    (``comma_ints``: ``"0,3,5"`` -> ``[0, 3, 5]``) and the value when the key is absent."""
+
+    key: str | None = None
+    format: Literal["as_is", "comma_ints"] = "as_is"
+    default: Any = None
+
+
 class RenameRuleSchema(_Strict):
     """``tensors.rename`` entry (``recipes.RenameRule``)."""
 
@@ -184,6 +193,8 @@ class RecipeSchema(_Strict):
     extra_keys: list[str | ExtraKey] = []
     extra_defaults: dict[str, bool | int | float | str] = {}
     model_type_on_read: dict[str, str] = {}
+    config_on_read: dict[str, KeyOnRead] = {}
+    learned_mask_embedding: bool = False
     drop_keys: list[str] = []
     frozen_copies: list[str] = []
     final_layer_state: Literal["raw", "normed"] = "raw"
@@ -232,6 +243,7 @@ class FamilyTableSchema(_Strict):
     family: str | None = None
     target_model_types: list[str] = []
     variants: list[str] = []
+    markov_head_types: list[str] = []
     open_layers: bool = False
     vars: dict[str, FamilyVar] = {}
     per_layer: list[ExpectedEntry] = []

@@ -22,17 +22,17 @@ from dsparkhub.layouts.reading import OpenedDraft, open_draft
 from dsparkhub.target import TargetSpec, open_target
 from dsparkhub.validate.drafter import check_intrinsic
 from dsparkhub.validate.report import Collector, ValidationReport
-from dsparkhub.validate.settings import ENGINE_FINAL_LAYER_STATE, BasePass, SettingsFacts, check_engine
+from dsparkhub.validate.settings import ENGINE_FINAL_LAYER_STATE, BasePass, SettingsFacts, VllmFacts, check_engine
 from dsparkhub.validate.target_rules import check_target
 from dsparkhub.validate.values import check_values
 
-__all__ = ["ENGINE_FINAL_LAYER_STATE", "BasePass", "ValidationReport", "validate", "validate_base"]
+__all__ = ["ENGINE_FINAL_LAYER_STATE", "BasePass", "ValidationReport", "VllmFacts", "validate", "validate_base"]
 
 
 def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | None = None, *,
              num_speculative_tokens: int | None = None, layout: str | None = None,
-             deep: bool = False, engine: str = "vllm") -> ValidationReport:
-    """Check a drafter against vLLM 0.32's contract and, when given, its target — headers and configs only.
+             deep: bool = False, engine: str = "vllm", vllm: VllmFacts | None = None) -> ValidationReport:
+    """Check a drafter against a vLLM contract and, when given, its target — headers and configs only.
 
     Args:
         draft: drafter folder in any known layout (or an already opened one).
@@ -44,6 +44,9 @@ def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | 
         engine: the engine that will read the target's hidden states, a key of :data:`ENGINE_FINAL_LAYER_STATE`
             (``"vllm"``, default; ``"reference"``): decides whether the target's last layer among the ids is an
             error (DSH304) or a warning (DSH313).
+        vllm: the facts of the vLLM contract to judge with (``VllmContract.validate_facts()`` of the installed or
+            a named vLLM version: the method sniffs of DSH107, the version the messages name), stamped on the
+            report as ``vllm_contract`` for a vLLM engine; None: vLLM 0.32's facts, no stamp.
 
     Returns:
         :class:`ValidationReport` with every finding; ``report.ok`` is False when any finding is an error. It is
@@ -58,7 +61,7 @@ def validate(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec | 
     d = draft if isinstance(draft, OpenedDraft) else open_draft(draft, layout=layout)
     t = target if isinstance(target, TargetSpec) or target is None else open_target(target)
     return validate_base(d, t, deep=deep).report(str(d.checkpoint.path), num_speculative_tokens=num_speculative_tokens,
-                                                 engine=engine)
+                                                 engine=engine, vllm=vllm)
 
 
 def validate_base(d: OpenedDraft, t: TargetSpec | None, *, deep: bool = False) -> BasePass:

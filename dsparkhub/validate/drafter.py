@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dsparkhub.layouts.families import expected_tensors
+from dsparkhub.layouts.families import expected_tensors, markov_head_types
 from dsparkhub.layouts.reading import OpenedDraft
 from dsparkhub.layouts.spec import ANCHOR_FIRST, DraftSpec
 from dsparkhub.validate.report import Collector
@@ -26,7 +26,8 @@ def check_intrinsic(d: OpenedDraft, out: Collector) -> None:
                 "reads `markov_rank` unconditionally)", location=f"{cfg_file} key markov_rank",
                 expected=f"markov_rank: {w1.shape[-1]} (markov_w1 is {list(w1.shape)})", found="absent or 0",
                 hint="add markov_rank to config.json")
-    if spec.mask_token_id is None and spec.variant != "eagle3":  # EAGLE-3 drafts autoregressively: no mask slots
+    learned_mask = bool(d.recipe.data.get("learned_mask_embedding"))  # Mistral Large 4: out-of-vocab sentinel
+    if spec.mask_token_id is None and spec.variant != "eagle3" and not learned_mask:  # EAGLE-3: no mask slots
         out.add("DSH102", "no mask token: vLLM needs one of dflash_config.mask_token_id, mask_token_id, "
                 "dspark_noise_token_id, pard_token, ptd_token_id", location=cfg_file,
                 hint="set mask_token_id to the token the drafter was trained with in the masked slots")
@@ -37,10 +38,12 @@ def check_intrinsic(d: OpenedDraft, out: Collector) -> None:
     if any(b <= a for a, b in zip(ids, ids[1:])):
         out.add("DSH103", "target layer ids must be strictly increasing without duplicates",
                 location=f"{cfg_file} key target_layer_ids", found=ids)
-    if spec.variant == "dspark" and spec.markov_head_type not in (None, "vanilla"):
-        out.add("DSH105", f"Markov head type {spec.markov_head_type!r}: vLLM 0.32 implements only the vanilla "
-                "low-rank head and would fail on its extra tensors", location=f"{cfg_file} key markov_head_type",
-                expected="vanilla", found=spec.markov_head_type)
+    served_heads = markov_head_types(spec)
+    if spec.variant == "dspark" and spec.markov_head_type not in (None, *served_heads):
+        out.add("DSH105", f"Markov head type {spec.markov_head_type!r}: vLLM serves a {spec.family} drafter with "
+                f"the {' / '.join(served_heads)} head only (the recurrent rnn head: Mistral Large 4, vLLM 0.34) and "
+                "would fail on its extra tensors", location=f"{cfg_file} key markov_head_type",
+                expected=" | ".join(served_heads), found=spec.markov_head_type)
     # A config without the key is read by vLLM's native reader (the speculators reader reads speculators configs,
     # DSH113 below), whose default is true (vLLM 0.32 spec_decode/dspark/speculator.py): harmless for an
     # anchor-first drafter (DeepSpec, TorchSpec: their recipes fix the layout), wrong for a 1+N one.
@@ -59,7 +62,9 @@ def check_intrinsic(d: OpenedDraft, out: Collector) -> None:
     for name, shape in shapes.items():
         if name not in present:
             if name not in optional:
-                out.add("DSH201", f"tensor {name!r} is missing", location=f"tensor {name}",
+                layout_name = d.recipe.to_layout(name, num_layers=spec.num_layers)
+                shipped_as = f" (`{layout_name}` in this checkpoint's layout)" if layout_name != name else ""
+                out.add("DSH201", f"tensor {name!r} is missing{shipped_as}", location=f"tensor {name}",
                         expected=list(shape) if shape is not None else "present",
                         hint="vLLM 0.32 does not report missing DSpark tensors; the drafter would run on "
                              "uninitialised memory")

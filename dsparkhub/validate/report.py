@@ -17,7 +17,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSH102": (ERROR, "mask token missing or outside the drafter's input vocab"),
     "DSH103": (ERROR, "target layer ids not strictly increasing / duplicated"),
     "DSH104": (ERROR, "block size not a positive integer"),
-    "DSH105": (ERROR, "Markov head type other than vanilla (vLLM 0.32 runs only the vanilla head)"),
+    "DSH105": (ERROR, "a Markov head type vLLM does not serve for the family (vanilla; rnn: Mistral Large 4 on 0.34)"),
     "DSH106": (WARNING, "sample_from_anchor absent from a 1+N drafter's config (vLLM's native default: anchor-first)"),
     "DSH107": (WARNING, "drafter path contains a substring vLLM uses to guess another method"),
     "DSH108": (WARNING, "confidence head tensors shipped but the config does not enable the head (vLLM drops them)"),
@@ -43,6 +43,8 @@ CODES: dict[str, tuple[str, str]] = {
                         "but HF output_hidden_states (the reference engine, DeepSpec's evaluator) returns it normed"),
     "DSH401": (WARNING, "num_speculative_tokens larger than what one block was trained to propose"),
     "DSH402": (INFO, "num_speculative_tokens smaller than what one block proposes"),
+    "DSH403": (ERROR, "(`--engine vllm`) the drafter's class is served by other vLLM versions than the one judged for "
+                      "(`--vllm-version`, else the installed one)"),
     "DSH501": (ERROR, "dspark_sts.json holds another number of temperatures than the block size (SGLang's γ)"),
     "DSH502": (ERROR, "dspark_sts.json does not load in SGLang's reader"),
 }
@@ -107,6 +109,8 @@ class ValidationReport:
         layout: detected layout name.
         findings: every finding.
         spec: the drafter's description (JSON summary).
+        vllm_contract: the vLLM contract the engine rules were judged with (``VllmFacts.stamp()``: version, line,
+            confirmed, unconfirmed fact kinds), or None when none was given or the engine is not vLLM.
     """
 
     draft: str
@@ -114,6 +118,7 @@ class ValidationReport:
     layout: str
     findings: list[Finding] = field(default_factory=list)
     spec: dict = field(default_factory=dict)
+    vllm_contract: dict | None = None
 
     @property
     def errors(self) -> list[Finding]:
@@ -139,7 +144,8 @@ class ValidationReport:
         """JSON-friendly report (what ``validate --json`` prints)."""
         return {"draft": self.draft, "target": self.target, "layout": self.layout, "ok": self.ok,
                 "errors": len(self.errors), "warnings": len(self.warnings),
-                "findings": [asdict(f) for f in self.findings]}
+                "findings": [asdict(f) for f in self.findings],
+                **({"vllm_contract": self.vllm_contract} if self.vllm_contract is not None else {})}
 
 
 class Collector:

@@ -47,8 +47,41 @@ class _FinalLayerStates(Mapping):
 
 
 ENGINE_FINAL_LAYER_STATE: Mapping[str, str] = _FinalLayerStates()
-#: substrings of a drafter's path from which vLLM 0.32 guesses another method when ``method`` is not passed.
+#: substrings of a drafter's path from which vLLM 0.32 guesses another method when ``method`` is not passed (the
+#: sniffs applied when no :class:`VllmFacts` is given).
 METHOD_SNIFFS = ("eagle-", "eagle3", "dflash")
+
+
+@dataclass(frozen=True)
+class VllmFacts:
+    """The facts of one vLLM contract the settings rules apply, and the stamp a report carries of them. Made by
+    :meth:`dsparkhub.verify.vllm.contract.VllmContract.validate_facts` (validate sits below ``verify`` in the flow, so
+    the contract comes in as these values).
+
+    Attributes:
+        version: the vLLM version judged for (``"0.34.0"``; ``"none installed"`` when none was installed).
+        line: the contract line whose facts apply (``"0.34"``).
+        confirmed: False when ``version`` is newer than every line (facts of the last line, unread for it).
+        unconfirmed: the fact kinds not read from ``version``'s sources.
+        method_sniffs: substrings of a drafter path from which that vLLM picks a method when none is passed.
+        method_sniffs_source: ``"vLLM <line> <file:line>"`` of the sniffs.
+        served_by: every drafter architecture some contract line serves -> the lines that do (DSH403).
+        served_source: ``"vLLM <line> <file:line>"`` of this line's drafter classes.
+    """
+
+    version: str
+    line: str
+    confirmed: bool
+    unconfirmed: tuple[str, ...]
+    method_sniffs: tuple[str, ...]
+    method_sniffs_source: str
+    served_by: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    served_source: str = ""
+
+    def stamp(self) -> dict:
+        """``{"vllm_version", "contract_line", "confirmed", "unconfirmed"}``: what the report records."""
+        return {"vllm_version": self.version, "contract_line": self.line, "confirmed": self.confirmed,
+                "unconfirmed": list(self.unconfirmed)}
 
 
 @dataclass
@@ -95,7 +128,8 @@ def check_engine(engine: str) -> None:
 
 
 def settings_findings(draft: str, facts: SettingsFacts, num_speculative_tokens: int | None,
-                      engine: str = "vllm") -> list[Finding]:
+                      engine: str = "vllm", vllm: VllmFacts | None = None,
+                      architecture: str | None = None) -> list[Finding]:
     """The findings of the settings rules for a drafter at path ``draft`` served with n and ``engine``.
 
     Args:
@@ -103,6 +137,9 @@ def settings_findings(draft: str, facts: SettingsFacts, num_speculative_tokens: 
         facts: from the settings-independent pass.
         num_speculative_tokens: the n to serve with (None: DSH401 / DSH402 not checked).
         engine: a key of :data:`ENGINE_FINAL_LAYER_STATE`.
+        vllm: the vLLM contract facts to judge with (DSH107's sniffs, the version the messages name, DSH403's
+            served classes); None: vLLM 0.32's sniffs, no DSH403.
+        architecture: the drafter's ``architectures[0]`` (DSH403).
 
     Returns:
         DSH107, DSH401 / DSH402 and DSH304 / DSH313 findings, each where it applies.
@@ -113,11 +150,17 @@ def settings_findings(draft: str, facts: SettingsFacts, num_speculative_tokens: 
     check_engine(engine)
     out = Collector()
     cfg_file = str(Path(draft) / "config.json")
-    sniff = next((s for s in METHOD_SNIFFS if s in draft.lower()), None)
+    sniffs, named = (vllm.method_sniffs, f"vLLM {vllm.line}") if vllm else (METHOD_SNIFFS, "vLLM 0.32")
+    sniff = next((s for s in sniffs if s in draft.lower()), None)
     if sniff and facts.variant == "dspark":
-        out.add("DSH107", f"the drafter path contains {sniff!r}: if `method` is not passed, vLLM 0.32 loads it as "
-                "that method, not DSpark", location=draft,
+        out.add("DSH107", f"the drafter path contains {sniff!r}: if `method` is not passed, {named} loads it as "
+                f"that method, not DSpark" + (f" ({vllm.method_sniffs_source})" if vllm else ""), location=draft,
                 hint='always pass "method": "dspark" in --speculative-config, or rename the folder')
+    lines = (vllm.served_by.get(architecture) or ()) if vllm is not None and engine.startswith("vllm") else ()
+    if lines and vllm.line not in lines:
+        out.add("DSH403", f"vLLM {vllm.line} does not serve {architecture} (vLLM {', '.join(lines)} does): "
+                "it would not load this drafter", location=cfg_file, expected=f"vLLM {' / '.join(lines)}",
+                found=f"vLLM {vllm.version}", hint=f"serve it with vLLM {lines[-1]} or newer ({vllm.served_source})")
     n = num_speculative_tokens
     if n is not None:
         p = facts.proposals_per_block
@@ -127,7 +170,7 @@ def settings_findings(draft: str, facts: SettingsFacts, num_speculative_tokens: 
                     expected=f"<= {p}", found=n)
         elif n < p:
             out.add("DSH402", f"num_speculative_tokens {n} is below the {p} tokens a block was trained to "
-                    "propose (allowed by vLLM 0.32)", expected=p, found=n)
+                    f"propose (allowed by {named})", expected=p, found=n)
     if facts.final_layer is not None:
         _final_layer(out, facts, cfg_file, engine)
     return out.items
@@ -177,7 +220,7 @@ class BasePass:
     deep: bool = False
 
     def report(self, draft: str, *, num_speculative_tokens: int | None = None, engine: str = "vllm",
-               deep: bool | None = None) -> ValidationReport:
+               deep: bool | None = None, vllm: VllmFacts | None = None) -> ValidationReport:
         """The :class:`ValidationReport` ``validate(draft, target, num_speculative_tokens=n, engine=engine,
         deep=deep)`` gives.
 
@@ -185,6 +228,8 @@ class BasePass:
             draft: the drafter's path as the report names it.
             num_speculative_tokens / engine: as in :func:`dsparkhub.validate.validate`.
             deep: None: as the pass ran; False: without the NaN / Inf findings of a deep pass.
+            vllm: the vLLM contract facts to judge with; stamped on the report for a vLLM engine (``vllm``,
+                ``vllm-serve``).
 
         Raises:
             ValueError: unknown engine, or ``deep=True`` asked of a pass that did not scan the data.
@@ -193,6 +238,8 @@ class BasePass:
             raise ValueError("deep findings asked of a validation that did not read the tensor data (deep=False)")
         keep = self.findings if deep or (deep is None and self.deep) else \
             [f for f in self.findings if f.code not in DEEP_CODES]
-        found = [copy.copy(f) for f in keep] + settings_findings(draft, self.facts, num_speculative_tokens, engine)
+        found = [copy.copy(f) for f in keep] + settings_findings(draft, self.facts, num_speculative_tokens, engine,
+                                                                 vllm, self.spec.get("architecture"))
         found.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.code, f.location))
-        return ValidationReport(draft, self.target, self.layout, found, copy.deepcopy(self.spec))
+        stamp = vllm.stamp() if vllm is not None and engine.startswith("vllm") else None
+        return ValidationReport(draft, self.target, self.layout, found, copy.deepcopy(self.spec), stamp)

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import yaml
 
 from dsparkhub.errors import EngineUnavailableError
+from dsparkhub.validate.settings import VllmFacts
 
 __all__ = ["Fact", "VllmContract", "contract_for", "installed_contract", "lines", "refusal_texts", "results_contract", "self_check",
            "self_check_paragraph", "vllm_version"]
@@ -32,7 +33,8 @@ __all__ = ["Fact", "VllmContract", "contract_for", "installed_contract", "lines"
 CONTRACT_FILE = Path(__file__).with_name("contract.yaml")
 #: the fact kinds every line defines (contract.yaml explains each).
 FACT_KINDS = ("runner_attribute", "drafter_classes", "refusals", "loader_guards", "shares_from_target",
-              "removed_speculative_keys", "metrics", "cpu_stand_in", "parallel", "touches")
+              "removed_speculative_keys", "metrics", "cpu_stand_in", "parallel", "method_sniffs",
+              "gpu_drafter_classes", "touches")
 _VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)")
 
 
@@ -134,6 +136,18 @@ class VllmContract:
         return (f"vLLM {self.version} is newer than the last version dsparkhub's contract covers ({self.line}); "
                 f"its {self.line} facts were applied and are not confirmed for {self.version}: "
                 f"{', '.join(self.unconfirmed)}")
+
+    def validate_facts(self) -> VllmFacts:
+        """The facts ``validate`` applies with this contract (:class:`dsparkhub.validate.settings.VllmFacts`)."""
+        served: dict[str, list[str]] = {}
+        for line, facts in _lines().items():
+            classes = [a for group in facts["drafter_classes"].value.values() for a in group]
+            for arch in classes + list(facts["gpu_drafter_classes"].value):
+                served.setdefault(arch, []).append(line)
+        return VllmFacts(self.version, self.line, self.confirmed, tuple(self.unconfirmed),
+                         tuple(self.value("method_sniffs")), self.source("method_sniffs"),
+                         {arch: tuple(dict.fromkeys(ls)) for arch, ls in served.items()},
+                         f"{self.source('drafter_classes')}; {self.facts['gpu_drafter_classes'].source}")
 
     def to_dict(self) -> dict:
         """``{"vllm_version", "contract_line", "confirmed", "unconfirmed"}`` for reports."""
