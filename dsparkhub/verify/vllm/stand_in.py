@@ -43,8 +43,8 @@ class CpuStandIn:
                 self.used = (f"{self.spec['flag']} treated as true and {env} for the config and load_weights stages "
                              f"only ({self.spec.get('why')}); nothing is compiled or run on Triton")
                 if self._stubbed:
-                    self.used += (f"; import stubs for absent modules {', '.join(self._stubbed)} (names only, "
-                                  "nothing of them runs)")
+                    self.used += (f"; placeholders for {', '.join(self._stubbed)} (its "
+                                  f"package {self.spec['import_stubs']['needs']} is not installed; nothing of it runs)")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -53,32 +53,45 @@ class CpuStandIn:
             setattr(module, name, value)
 
 
+#: run at interpreter start (a ``sitecustomize`` first on PYTHONPATH) and here: placeholders for the stubbed modules
+_STUB_FINDER = """
+import importlib.abc, importlib.machinery, sys
+
+class _Placeholder:
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("dsparkhub vllm-check stand-in: a placeholder of a module whose package is not installed")
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, modules):
+        self.modules = modules
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, self) if name in self.modules else None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        for attr in self.modules[module.__name__]:
+            setattr(module, attr, type(attr, (_Placeholder,), {}))
+
+sys.meta_path.insert(0, _StubFinder(MODULES))
+"""
+
+
 def _stub_imports(stubs: dict) -> list[str]:
-    """Make each absent module of ``stubs`` (``{"pkg.mod": {EnumName: [MEMBER, ...]}}``) importable as a stub that
-    holds those enums (values: the lower-cased member names), here and in child interpreters (a temp folder first on
-    ``sys.path`` and ``PYTHONPATH``). Returns the modules stubbed (none where the real one is installed)."""
+    """Where the package ``stubs["needs"]`` is absent, make each of ``stubs["modules"]`` (``{module: [names]}``)
+    import as placeholders of those names (classes that refuse to be instantiated), in this interpreter and in child
+    interpreters (a ``sitecustomize`` first on ``PYTHONPATH``: vLLM's registry inspects a class in a subprocess).
+    Returns the modules stubbed (none where the package is installed)."""
     import importlib.util
     import os
-    import sys
     import tempfile
     from pathlib import Path
 
-    made = []
-    root: Path | None = None
-    for module, enums in stubs.items():
-        top = module.split(".")[0]
-        if importlib.util.find_spec(top) is not None:
-            continue
-        root = root or Path(tempfile.mkdtemp(prefix="dsparkhub-stubs-"))
-        folder = root.joinpath(*module.split(".")[:-1])
-        folder.mkdir(parents=True, exist_ok=True)
-        for parent in [root.joinpath(*module.split(".")[:i]) for i in range(1, len(module.split(".")))]:
-            (parent / "__init__.py").touch()
-        body = ["# dsparkhub vllm-check import stub (verify/vllm/stand_in.py): names only", "import enum", ""]
-        body += [f"{name} = enum.Enum({name!r}, {[(m, m.lower()) for m in members]!r})" for name, members in enums.items()]
-        (folder / f"{module.split('.')[-1]}.py").write_text("\n".join(body) + "\n")
-        made.append(module)
-    if root is not None:
-        sys.path.insert(0, str(root))
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
-    return made
+    modules = stubs.get("modules") or {}
+    if not modules or importlib.util.find_spec(stubs.get("needs") or "") is not None:
+        return []
+    code = _STUB_FINDER.replace("MODULES", repr(modules))
+    exec(compile(code, "dsparkhub-import-stubs", "exec"), {"__name__": "dsparkhub_import_stubs"})
+    root = Path(tempfile.mkdtemp(prefix="dsparkhub-stubs-"))
+    (root / "sitecustomize.py").write_text("# dsparkhub vllm-check stand-in (verify/vllm/stand_in.py)\n" + code)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    return sorted(modules)
