@@ -25,9 +25,9 @@ What runs is vLLM 0.34's code and transformers 5.22's config classes:
 
 Stand-ins, nothing else: vllm-check's own (verify/vllm/stand_in.py, the 0.34 contract's ``cpu_stand_in``):
 ``VLLM_TARGET_DEVICE=cpu`` and ``vllm.triton_utils.HAS_TRITON`` treated as true (vLLM 0.34 refuses an x86 CPU without
-triton-cpu at config time, platforms/cpu.py:239-243), and a ``torchvision.transforms`` stub holding the
-``InterpolationMode`` name that ``vllm/models/minimax_m3/__init__.py`` imports on the way to the class
-(transformers_utils/processors/minimax_m3.py:20; the venv leaves torchvision out with the CUDA-only wheels); the engine config is made for the toy target (EngineArgs on the MiniMax-M3 VL skeleton would
+triton-cpu at config time, platforms/cpu.py:239-243), and ``vllm.transformers_utils.processors.minimax_m3`` (it imports
+torchvision, which the venv leaves out) replaced by placeholders of the five names ``vllm/models/minimax_m3/__init__.py``
+reaches through common/mm_preprocess.py:41-47 on the way to the class; the engine config is made for the toy target (EngineArgs on the MiniMax-M3 VL skeleton would
 need its processor files), which only sets the drafter's layer offset and dtype.
 """
 
