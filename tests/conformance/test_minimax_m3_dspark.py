@@ -196,3 +196,24 @@ def test_034_finds_the_dspark_subfolder_of_a_minimax_m3_target(fixture_copy, tmp
     assert model_type == "minimax_m3_vl" and Path(found) == out / SUBFOLDER
     assert json.loads((Path(found) / "config.json").read_text())["architectures"] == ["DSparkMiniMaxDraftModel"]
     assert open_draft(found).spec.layout == "minimax-m3-dspark"
+
+
+def test_stand_in_placeholders_reach_child_interpreters(tmp_path):
+    """vllm-check's 0.34 stand-in (contract cpu_stand_in.import_stubs): where the needed package is absent, the module
+    imports as placeholders here and in a child interpreter (vLLM's registry inspects a class in a subprocess)."""
+    import sys
+
+    code = ("import json, os, subprocess, sys\n"
+            "from dsparkhub.verify.vllm.stand_in import _stub_imports\n"
+            "made = _stub_imports({'needs': 'dsparkhub_absent_pkg', 'modules': {'json.dsparkhub_stub': ['Proc']}})\n"
+            "kept = _stub_imports({'needs': 'json', 'modules': {'json.dsparkhub_other': ['X']}})\n"
+            "from json.dsparkhub_stub import Proc\n"
+            "child = subprocess.run([sys.executable, '-c', 'from json.dsparkhub_stub import Proc; print(Proc.__name__)'],"
+            " capture_output=True, text=True)\n"
+            "try:\n    Proc()\n    refused = False\nexcept RuntimeError:\n    refused = True\n"
+            "print(json.dumps([made, kept, child.stdout.strip(), refused]))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [["json.dsparkhub_stub"], [], "Proc", True]
