@@ -133,13 +133,13 @@ def test_contract_lists_minimax_for_034_only(fixture_copy, tmp_path):
 
 @pytest.mark.vllm034
 @pytest.mark.slow
-def test_034_config_and_load_weights_pass_on_the_fixture(fixture_copy, toy_target):
-    """vLLM 0.34's SpeculativeConfig resolves the drafter (minimax_m3_dspark) and MiniMaxM3DSparkForCausalLM's own
-    load_weights sets every parameter bit-exact (embedding / LM head borrowed: full vocab). The engine config is
-    made for the toy Qwen3 target (same vocab 128; the MiniMax-M3 VL skeleton has no processor files)."""
+def test_034_config_and_load_weights_pass_on_the_fixture(fixture_copy):
+    """vLLM 0.34's SpeculativeConfig resolves the drafter (minimax_m3_dspark) against the MiniMax-M3 target skeleton
+    and MiniMaxM3DSparkForCausalLM's own load_weights sets every parameter bit-exact (embedding / LM head borrowed:
+    full vocab); the engine stage meets 0.34's x86 Triton refusal."""
     from conftest import vllm034_check
 
-    code, report = vllm034_check(fixture_copy("minimax-m3-dspark"), toy_target)
+    code, report = vllm034_check(fixture_copy("minimax-m3-dspark"), FIXTURES / "minimax-m3-target")
     stages = {s["name"]: s for s in report["stages"]}
     assert code == 0 and report["ok"], json.dumps(report, indent=1)
     assert stages["config"]["details"]["architectures"] == ["DSparkMiniMaxDraftModel"]
@@ -148,12 +148,14 @@ def test_034_config_and_load_weights_pass_on_the_fixture(fixture_copy, toy_targe
     assert load["class"] == "MiniMaxM3DSparkForCausalLM" and load["missing"] == [] and load["mismatched"] == []
     assert load["compared_bit_exact"] == load["checkpoint_tensors"]
     assert sorted(load["borrowed_from_target"]) == ["lm_head.weight", "model.embed_tokens.weight"]
+    assert stages["engine"]["details"]["reason"] == "x86_cpu_triton"
+    assert "processors.minimax_m3" in report["stand_in"]
 
 
 @pytest.mark.vllm034
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["reduced_vocab_without_lm_head", "confidence_head_without_tensors"])
-def test_034_load_weights_fails_the_variants_its_loader_lets_through(fixture_copy, toy_target, variant):
+def test_034_load_weights_fails_the_variants_its_loader_lets_through(fixture_copy, variant):
     from conftest import vllm034_check
 
     folder = fixture_copy("minimax-m3-dspark")
@@ -163,7 +165,7 @@ def test_034_load_weights_fails_the_variants_its_loader_lets_through(fixture_cop
     else:
         _edit(folder, drop=(PREFIX + "confidence_head.proj.weight", PREFIX + "confidence_head.proj.bias"))
         expected = "confidence_head.* (enable_confidence_head is true"
-    code, report = vllm034_check(folder, toy_target)
+    code, report = vllm034_check(folder, FIXTURES / "minimax-m3-target")
     load = next(s for s in report["stages"] if s["name"] == "load_weights")
     assert code == 1 and load["status"] == "failed", json.dumps(report, indent=1)
     assert any(m.startswith(expected) and "0.34" in m for m in load["details"]["missing"]), load["details"]["missing"]

@@ -27,8 +27,8 @@ Stand-ins, nothing else: vllm-check's own (verify/vllm/stand_in.py, the 0.34 con
 ``VLLM_TARGET_DEVICE=cpu`` and ``vllm.triton_utils.HAS_TRITON`` treated as true (vLLM 0.34 refuses an x86 CPU without
 triton-cpu at config time, platforms/cpu.py:239-243), and ``vllm.transformers_utils.processors.minimax_m3`` (it imports
 torchvision, which the venv leaves out) replaced by placeholders of the five names ``vllm/models/minimax_m3/__init__.py``
-reaches through common/mm_preprocess.py:41-47 on the way to the class; the engine config is made for the toy target (EngineArgs on the MiniMax-M3 VL skeleton would
-need its processor files), which only sets the drafter's layer offset and dtype.
+reaches through common/mm_preprocess.py:41-47 on the way to the class. The engine config is 0.34's own
+(``EngineArgs(...).create_engine_config()``) for the MiniMax-M3 target skeleton of step 1.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ DRAFT, TARGET = FIXTURES / "minimax-m3-dspark", FIXTURES / "minimax-m3-target"
 PREFIX = "language_model.model.dspark."
 
 TEXT = dict(vocab_size=128, hidden_size=32, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1,
-            head_dim=16, max_position_embeddings=256, num_local_experts=2, num_experts_per_tok=1,
+            head_dim=16, max_position_embeddings=1024, num_local_experts=2, num_experts_per_tok=1,
             dense_intermediate_size=64, shared_intermediate_size=16, index_n_heads=1, index_head_dim=16,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
             bos_token_id=1, eos_token_id=2)
@@ -81,7 +81,7 @@ def write_draft_config(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def build(draft: Path, toy_target: Path):
+def build(draft: Path, target: Path):
     """vLLM 0.34's drafter class for ``draft``, built on CPU (the VllmConfig it was built under is returned too)."""
     from vllm.config import SpeculativeConfig, set_current_vllm_config
     from vllm.distributed.parallel_state import (ensure_model_parallel_initialized, init_distributed_environment,
@@ -90,7 +90,7 @@ def build(draft: Path, toy_target: Path):
     from vllm.model_executor.models.registry import ModelRegistry
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    vc = EngineArgs(model=str(toy_target), skip_tokenizer_init=True, enforce_eager=True, max_model_len=256,
+    vc = EngineArgs(model=str(target), skip_tokenizer_init=True, enforce_eager=True, max_model_len=256,
                     dtype="bfloat16").create_engine_config()
     spec = SpeculativeConfig(model=str(draft), method="dspark", target_model_config=vc.model_config,
                              target_parallel_config=vc.parallel_config)
@@ -135,17 +135,14 @@ def main() -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from dsparkhub.testing.factories import make_qwen3_target
-
     from dsparkhub.verify.vllm.contract import contract_for
     from dsparkhub.verify.vllm.stand_in import CpuStandIn
 
     stand_in = CpuStandIn(contract_for(version("vllm")))  # before vLLM loads: its env and import stubs
     write_target(TARGET)
     write_draft_config(DRAFT)
-    toy = make_qwen3_target(Path(tempfile.mkdtemp()) / "toy-target")
     with stand_in:
-        model, vc = build(DRAFT, toy)
+        model, vc = build(DRAFT, TARGET)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -162,7 +159,7 @@ def main() -> None:
     print(json.dumps({n: list(t.shape) for n, t in sorted(tensors.items())}, indent=1))
 
     with stand_in:
-        fresh, vc2 = build(DRAFT, toy)
+        fresh, vc2 = build(DRAFT, TARGET)
     from vllm.config import set_current_vllm_config
     with set_current_vllm_config(vc2):
         fresh.load_weights(iter(load_file(str(DRAFT / "model.safetensors")).items()))
