@@ -89,9 +89,11 @@ def _stub_imports(stubs: dict) -> list[str]:
     modules = stubs.get("modules") or {}
     if not modules or importlib.util.find_spec(stubs.get("needs") or "") is not None:
         return []
-    code = _STUB_FINDER.replace("MODULES", repr(modules))
-    exec(compile(code, "dsparkhub-import-stubs", "exec"), {"__name__": "dsparkhub_import_stubs"})
     root = Path(tempfile.mkdtemp(prefix="dsparkhub-stubs-"))
-    (root / "sitecustomize.py").write_text("# dsparkhub vllm-check stand-in (verify/vllm/stand_in.py)\n" + code)
+    site = root / "sitecustomize.py"
+    site.write_text("# dsparkhub vllm-check stand-in (verify/vllm/stand_in.py)\n"
+                    + _STUB_FINDER.replace("MODULES", repr(modules)))
+    spec = importlib.util.spec_from_file_location("dsparkhub_import_stubs", site)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # the same finder in this interpreter
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
     return sorted(modules)
