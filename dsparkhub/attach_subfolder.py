@@ -12,7 +12,9 @@ serves the same drafter with ``"model": "OUT/dspark"`` in ``--speculative-config
 subfolder itself). vLLM 0.34 does look for it, for MiniMax-M3 targets only (``model_type`` ``minimax_m3_text`` /
 ``minimax_m3_vl``: ``v1/worker/gpu/spec_decode/dspark/config.py:41-45`` ``DSparkSpeculatorConfig.default_model`` ->
 ``config/speculative.py:137-155`` ``_get_minimax_m3_dspark_draft``, same ``dspark/config.json`` test;
-tests/test_vllm034.py runs it on OUT). ``detach`` is not needed: ``OUT/dspark`` already is the standalone drafter.
+tests/test_vllm034.py runs it on OUT); a MiniMax-M3 DSpark drafter (``DSparkMiniMaxDraftModel``) is written there in
+its own ``minimax-m3-dspark`` layout, what ``--to vllm`` means for that family (tests/conformance/test_minimax_m3_dspark.py
+runs 0.34's lookup on a MiniMax-M3 target skeleton). ``detach`` is not needed: ``OUT/dspark`` already is the standalone drafter.
 
 OUT also gets :data:`RECORD`, naming the target files placed there: the marker that lets ``--overwrite`` replace
 OUT (and only when it holds nothing else: :mod:`dsparkhub.io.ownership`).

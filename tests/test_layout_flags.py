@@ -44,6 +44,7 @@ def test_no_code_site_decides_by_layout_name():
     ("zlab-dflash", {"records_target_layer_count"}),
     ("k3-dspark", {"records_target_layer_count", "k3_config_rules", "own_block_layout_reader"}),
     ("torchspec-k3", {"k3_config_rules"}),
+    ("minimax-m3-dspark", {"minimax_config_rules"}),
     ("speculators", {"records_target_layer_count", "served_through_speculators"}),
     ("deepseek-v4", {"own_block_layout_reader"}),
     ("torchspec", set()),
@@ -52,5 +53,5 @@ def test_no_code_site_decides_by_layout_name():
 def test_layout_flags_read_through_the_typed_recipe(layout, flags):
     typed = get_recipe(layout).typed
     every = {"training_output", "records_target_layer_count", "family_bound", "k3_config_rules",
-             "served_through_speculators", "own_block_layout_reader"}
+             "minimax_config_rules", "served_through_speculators", "own_block_layout_reader"}
     assert {f for f in every if getattr(typed, f)} == flags

@@ -52,7 +52,8 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
   ``training_output`` (a trainer's own output, which vLLM does not load: ``push`` refuses it unconverted),
   ``records_target_layer_count`` (its ``num_target_layers`` field is the target's decoder-layer count: DSH306),
   ``family_bound`` (every variant, not only DSpark, serves targets of its backbone family only: DSH311),
-  ``k3_config_rules`` (K3DSparkConfig's refusals: DSH109) and ``served_through_speculators`` (vLLM reads the config
+  ``k3_config_rules`` (K3DSparkConfig's refusals: DSH109), ``minimax_config_rules`` (what vLLM 0.34's MiniMax-M3
+  DSpark class cannot build: DSH116) and ``served_through_speculators`` (vLLM reads the config
   through ``speculators/algos.py``: DSH113 / DSH114, and exempt from DSH115 / DSH106), ``own_block_layout_reader``
   (its vLLM config class reads the block layout, not the native DSpark reader's ``sample_from_anchor`` default:
   exempt from DSH106), ``learned_mask_embedding`` (mask slots are a learned ``mask_embedding``, the sentinel id is

@@ -209,6 +209,7 @@ class RecipeSchema(_Strict):
     records_target_layer_count: bool = False
     family_bound: bool = False
     k3_config_rules: bool = False
+    minimax_config_rules: bool = False
     served_through_speculators: bool = False
     own_block_layout_reader: bool = False
     write: Write = msgspec.field(default_factory=Write)

@@ -128,6 +128,18 @@ def check_layout_rules(d: OpenedDraft, out: Collector) -> None:
             out.add("DSH109", "`num_target_layers` must equal len(target_layer_ids) in a K3 config (the target's "
                     "layer count is `target_num_hidden_layers`)", location=f"{cfg_file} key num_target_layers",
                     expected=len(spec.target_layer_ids), found=n)
+    if recipe.minimax_config_rules:
+        # vLLM 0.34 models/minimax_m3/common/dspark.py:286-287 (NotImplementedError unless dspark_use_dense_ffn) and
+        # :247 (the MLP width); the loader would raise, or build an MLP the checkpoint does not fit
+        if spec.extras.get("dspark_use_dense_ffn") is not True:
+            out.add("DSH116", "`dspark_use_dense_ffn` is not true; vLLM 0.34's MiniMax DSpark supports dense FFN "
+                    "drafts only (models/minimax_m3/common/dspark.py:286)", location=f"{cfg_file} key "
+                    "dspark_use_dense_ffn", expected="true", found=spec.extras.get("dspark_use_dense_ffn"))
+        width = spec.extras.get("dspark_ffn_hidden_size")
+        if type(width) is not int or width <= 0:
+            out.add("DSH116", "`dspark_ffn_hidden_size` (the dense MLP width, models/minimax_m3/common/dspark.py:247) "
+                    "must be a positive integer", location=f"{cfg_file} key dspark_ffn_hidden_size",
+                    expected="> 0", found=width)
     archs = cfg.get("architectures") or []
     # (a speculators config is exempt: vLLM 0.32 transformers_utils/configs/speculators/algos.py:175-186 keeps only
     # Qwen3DSparkModel / Qwen3OmniDSparkModel and writes Qwen3DSparkModel otherwise, so speculators 0.9.0's own

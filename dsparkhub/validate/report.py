@@ -54,6 +54,8 @@ CODES: dict[str, tuple[str, str]] = {
 #: :data:`CODES` until each has a case in tests/test_validate.py (they are exercised in tests/test_layouts.py).
 LAYOUT_CODES: dict[str, tuple[str, str]] = {
     "DSH109": (ERROR, "a Kimi K3 MLA DSpark config vLLM 0.32's K3DSparkConfig refuses"),
+    "DSH116": (ERROR, "a MiniMax-M3 DSpark config vLLM 0.34's MiniMaxM3DSparkForCausalLM cannot build (dense FFN only, "
+                      "sized by dspark_ffn_hidden_size)"),
     "DSH110": (INFO, "num_nextn_predict_layers differs from the mtp.* stages (the stages are trusted)"),
     "DSH111": (ERROR, "the DSpark stage count vLLM 0.32 builds (n_mtp_layers, else 3; V4.1: else "
                       "num_nextn_predict_layers) differs from the mtp.* stages in the checkpoint"),

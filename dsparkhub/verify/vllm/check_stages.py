@@ -92,7 +92,8 @@ def build_drafter_model(vllm_config, contract: VllmContract | None = None):
     cls, _ = ModelRegistry.resolve_model_cls(archs, model_config=draft_config)
     cpu_modules = {module for classes in (contract or installed_contract()).value("drafter_classes").values()
                    for module, _ in classes.values()}
-    if cls.__module__.rsplit(".", 1)[-1] not in cpu_modules:
+    # the contract names a module as the registry does: short (qwen3_dspark) or dotted (vllm.models.minimax_m3...)
+    if cls.__module__ not in cpu_modules and cls.__module__.rsplit(".", 1)[-1] not in cpu_modules:
         raise LookupError(f"vLLM resolved {archs} to {cls.__module__}.{cls.__name__}, which does not build on CPU")
     with set_current_vllm_config(vllm_config):
         if not model_parallel_is_initialized():
@@ -147,6 +148,10 @@ def _load_weights_stage(vllm_config, draft: Path, contract: VllmContract | None 
 
     tensors = _read_tensors(draft)
     model, class_name = build_drafter_model(vllm_config)
+    # a class that renames its checkpoint's names before loading (vLLM 0.34 MiniMaxM3DSparkForCausalLM:
+    # models/minimax_m3/common/dspark.py:416-427) is accounted for in the names it renames them to
+    rename = getattr(type(model), "_rename_checkpoint_weights", None)
+    named = dict(rename(tensors.items())) if rename is not None else tensors
     with set_current_vllm_config(vllm_config):
         modules = dict(model.named_modules())
         params_before = dict(model.named_parameters())
@@ -155,7 +160,7 @@ def _load_weights_stage(vllm_config, draft: Path, contract: VllmContract | None 
                 p.fill_(float("nan") if p.is_floating_point() else torch.iinfo(p.dtype).min)
         model.load_weights(iter(tensors.items()))
         params = dict(model.named_parameters())  # vLLM <= 0.33 drops a confidence head not shipped
-    return account_load(params, modules, tensors, class_name, VocabFacts.from_vllm_config(vllm_config),
+    return account_load(params, modules, named, class_name, VocabFacts.from_vllm_config(vllm_config),
                         contract or installed_contract())
 
 

@@ -25,6 +25,7 @@ class CpuStandIn:
         self.spec = contract.value("cpu_stand_in") if not torch.cuda.is_available() else None
         self.used: str | None = None
         self._saved: Any = None
+        self._stubbed = _stub_imports((self.spec or {}).get("import_stubs") or {})
         if self.spec:
             for key, value in self.spec.get("env", {}).items():
                 os.environ.setdefault(key, str(value))
@@ -41,9 +42,58 @@ class CpuStandIn:
                 env = ", ".join(f"{k}={v}" for k, v in self.spec.get("env", {}).items())
                 self.used = (f"{self.spec['flag']} treated as true and {env} for the config and load_weights stages "
                              f"only ({self.spec.get('why')}); nothing is compiled or run on Triton")
+                if self._stubbed:
+                    self.used += (f"; placeholders for {', '.join(self._stubbed)} (its "
+                                  f"package {self.spec['import_stubs']['needs']} is not installed; nothing of it runs)")
         return self
 
     def __exit__(self, *exc) -> None:
         if self._saved is not None:
             module, name, value = self._saved
             setattr(module, name, value)
+
+
+#: run at interpreter start (a ``sitecustomize`` first on PYTHONPATH) and here: placeholders for the stubbed modules
+_STUB_FINDER = """
+import importlib.abc, importlib.machinery, sys
+
+class _Placeholder:
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("dsparkhub vllm-check stand-in: a placeholder of a module whose package is not installed")
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, modules):
+        self.modules = modules
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, self) if name in self.modules else None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        for attr in self.modules[module.__name__]:
+            setattr(module, attr, type(attr, (_Placeholder,), {}))
+
+sys.meta_path.insert(0, _StubFinder(MODULES))
+"""
+
+
+def _stub_imports(stubs: dict) -> list[str]:
+    """Where the package ``stubs["needs"]`` is absent, make each of ``stubs["modules"]`` (``{module: [names]}``)
+    import as placeholders of those names (classes that refuse to be instantiated), in this interpreter and in child
+    interpreters (a ``sitecustomize`` first on ``PYTHONPATH``: vLLM's registry inspects a class in a subprocess).
+    Returns the modules stubbed (none where the package is installed)."""
+    import importlib.util
+    import os
+    import tempfile
+    from pathlib import Path
+
+    modules = stubs.get("modules") or {}
+    if not modules or importlib.util.find_spec(stubs.get("needs") or "") is not None:
+        return []
+    root = Path(tempfile.mkdtemp(prefix="dsparkhub-stubs-"))
+    site = root / "sitecustomize.py"
+    site.write_text("# dsparkhub vllm-check stand-in (verify/vllm/stand_in.py)\n"
+                    + _STUB_FINDER.replace("MODULES", repr(modules)))
+    spec = importlib.util.spec_from_file_location("dsparkhub_import_stubs", site)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # the same finder in this interpreter
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    return sorted(modules)
