@@ -21,7 +21,7 @@ def main() -> None:
 
     drafter, inputs_file, out_file = sys.argv[1:4]
     config = Eagle3SpeculatorConfig.from_pretrained(drafter)
-    config.transformer_layer_config._attn_implementation = "eager"  # noqa: SLF001
+    config.transformer_layer_config._attn_implementation = "eager"
     model = Eagle3DraftModel(config).float().eval()
     weights = {}
     import glob

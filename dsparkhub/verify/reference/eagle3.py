@@ -32,7 +32,7 @@ from dsparkhub.verify.reference.drafter_config import DrafterConfig, LayerAttent
 from dsparkhub.verify.reference.layers import MLP, RMSNorm, Rope, attention_mask
 from dsparkhub.verify.reference.modeling import ContextCache
 
-__all__ = ["Eagle3Options", "Eagle3Drafter"]
+__all__ = ["Eagle3Drafter", "Eagle3Options"]
 
 
 @dataclass(frozen=True)
