@@ -83,15 +83,6 @@ def example():
     return build_example()
 
 
-@pytest.fixture(scope="session")
-def example_eagle3(example, tmp_path_factory):
-    """A tiny EAGLE-3 drafter (speculators layout) trained for the example's target, once per session (about a
-    minute on CPU; ``dsparkhub.example.eagle3``)."""
-    from dsparkhub.example.eagle3 import train_example_eagle3
-
-    return train_example_eagle3(example.target, tmp_path_factory.mktemp("example-eagle3") / "eagle3_drafter")
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """A tiny Qwen3 target and a DeepSpec DSpark step folder for it, built once per test module:

@@ -13,6 +13,15 @@ from dsparkhub.compare import compare, load_sources
 CONCURRENCIES = [1, 2, 4]
 
 
+@pytest.fixture(scope="module")
+def example_eagle3(example, tmp_path_factory):
+    """A tiny EAGLE-3 drafter (speculators layout) trained for the example's target (under a minute on 2 cores,
+    ``dsparkhub.example.eagle3``)."""
+    from dsparkhub.example.eagle3 import train_example_eagle3
+
+    return train_example_eagle3(example.target, tmp_path_factory.mktemp("example-eagle3") / "eagle3_drafter")
+
+
 @pytest.mark.slow
 def test_three_drafters_lightseek_table(example, example_eagle3, tmp_path, capsys):
     files = []

@@ -10,7 +10,7 @@ training-time test of speculators ``Eagle3DraftModel.forward``: ``ttt_steps`` te
 cross-entropy against the target's next-token distribution, step t weighted ``ttt_step_loss_decay ** t``. It is
 saved in the speculators-eagle3 layout (config.json + model.safetensors) that vLLM 0.32 loads.
 
-Not shipped with the example build: tests train it once per session (``tests/conftest.py``), the CLI never does.
+Not shipped with the example build: tests/test_compare_three_drafters.py trains it once, the CLI never does.
 """
 
 from __future__ import annotations
