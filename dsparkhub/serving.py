@@ -104,7 +104,8 @@ _SERVER_SETTINGS = frozenset({"server_url", "baseline_url", "tensor_parallel_siz
 ENGINES: dict[str, Engine] = {e.name: e for e in (
     # HF output_hidden_states: its last entry is the final norm's output (DeepSpec eval/base_evaluator.py:100-112)
     Engine("reference", "dsparkhub reference engine", server=False, batching="batched",
-           final_layer_state="normed", final_layer_source="HF output_hidden_states", methods=("dspark", "dflash"),
+           final_layer_state="normed", final_layer_source="HF output_hidden_states",
+           methods=("dspark", "dflash", "eagle3"),
            module="dsparkhub.verify.reference.engine", cls="ReferenceEngine",
            arguments={"target": "target", "opened_draft": "drafter", "device": "device",
                       "confidence_threshold": "confidence_threshold"},

@@ -72,6 +72,8 @@ class _Batch:
             # positions ride along with the keys (sliding / causal masks compare them); padded slots are masked
             self.ctx.positions = torch.cat(_align(self.ctx.positions, ctx.positions, dim=1), 0)
             self.ctx_valid = torch.cat(_align(self.ctx_valid, ctx_valid, dim=1), 0)
+            if ctx.states is not None:  # EAGLE-3's fused hidden per slot
+                self.ctx.states = torch.cat(_align(self.ctx.states, ctx.states, dim=1), 0)
 
     def keep(self, rows: list[int]) -> None:
         """Keep only ``rows`` (finished requests leave the batch)."""
@@ -87,6 +89,8 @@ class _Batch:
             self.ctx.values = [v[idx] for v in self.ctx.values]
             self.ctx.positions = self.ctx.positions[idx]
             self.ctx_valid = self.ctx_valid[idx]
+            if self.ctx.states is not None:
+                self.ctx.states = self.ctx.states[idx]
         self.compact()
 
     def compact(self) -> None:
@@ -116,6 +120,9 @@ class _Batch:
                 self.ctx.keys = [_gather(k, index) for k in self.ctx.keys]
                 self.ctx.values = [_gather(v, index) for v in self.ctx.values]
                 self.ctx.positions = self.ctx.positions.gather(1, index)
+                if self.ctx.states is not None:
+                    states = self.ctx.states
+                    self.ctx.states = states.gather(1, index[..., None].expand(-1, -1, states.shape[-1]))
                 self.ctx_valid = new_valid
 
 
@@ -207,7 +214,8 @@ def run_batched(engine, prompts: list[list[int]], *, num_speculative_tokens: int
                 if drafter is not None:
                     feats = target_features(out.hidden_states, drafter.config.target_layer_ids)
                     ctx = drafter.context_kv(feats.to(drafter.fc.weight.dtype),
-                                             torch.arange(len(req.prompt), device=dev).unsqueeze(0))
+                                             torch.arange(len(req.prompt), device=dev).unsqueeze(0),
+                                             next_tokens=torch.tensor([req.prompt[1:] + [req.pending]], device=dev))
                 engine._sync()
                 req.t_first = time.perf_counter()
                 if engine._done(req.outputs, max_new_tokens):
@@ -295,6 +303,15 @@ def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperatur
     rows = len(active)
     anchors = torch.tensor([r.pending for r in active], device=dev)
     starts = torch.tensor([r.pos for r in active], device=dev)
+    if getattr(d, "autoregressive", False):  # EAGLE-3: chain drafting over the masked context cache
+        steps: list[torch.Tensor] = []
+        ids = d.draft_steps(anchors, starts, batch.ctx, batch.ctx_valid, n, lambda step, logits: engine._choose_draft(
+            d, logits, temperature, [r.gen for r in active], steps))
+        drafts = ids.tolist()
+        dists = [[q[b] for q in steps] for b in range(rows)]
+        _verify_and_accept(engine, batch, active, drafts, dists, n, temperature, counters, accepted_per_pos, costs,
+                           t0 if costs is not None else 0.0, sched)
+        return
     block_ids, block_pos, first = d.block_query(anchors, n, starts)
     q_len = block_ids.shape[1]
     tc = batch.ctx_valid.shape[1]
@@ -334,6 +351,21 @@ def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperatur
                 q[d.to_target_ids(torch.arange(probs.shape[1], device=dev))] = probs[b]
                 dists[b].append(q)
         prev = tok
+    _verify_and_accept(engine, batch, active, drafts, dists, n, temperature, counters, accepted_per_pos, costs,
+                       t0 if costs is not None else 0.0, sched, conf)
+
+
+def _verify_and_accept(engine, batch: _Batch, active: list[_Request], drafts: list[list[int]], dists: list[list],
+                       n: int, temperature: float, counters: dict, accepted_per_pos: list[int], costs, t0: float,
+                       sched, conf: list | None = None) -> None:
+    """Verify every row's drafts (target ids) in one target forward, accept per row, extend the caches.
+
+    ``dists``: per row, the [V] draft distributions of its drafts (temperature > 0), else empty lists.
+    """
+    d = engine.drafter
+    dev = engine._device
+    rows = len(active)
+    starts = torch.tensor([r.pos for r in active], device=dev)
     if sched is not None:
         widths = sched.widths(torch.stack(conf, 1) if conf is not None else torch.zeros(rows, n))
         drafts = [x[:w] for x, w in zip(drafts, widths)]
@@ -380,7 +412,9 @@ def _spec_step(engine, batch: _Batch, active: list[_Request], n: int, temperatur
     new_valid = torch.arange(k_max + 1, device=dev).unsqueeze(0) <= acc_t.unsqueeze(1)  # [B, k_max + 1]
     batch.valid = torch.cat([batch.valid, new_valid], 1)
     feats = target_features(out.hidden_states, d.config.target_layer_ids).to(d.fc.weight.dtype)
-    d.extend_context(batch.ctx, feats, positions)
+    nxt = torch.cat([tokens[:, 1:], tokens[:, :1]], 1)  # the token after each verified slot: draft, then bonus
+    nxt[torch.arange(rows, device=dev), acc_t] = torch.tensor(bonuses, device=dev)
+    d.extend_context(batch.ctx, feats, positions, next_tokens=nxt)
     batch.ctx_valid = torch.cat([batch.ctx_valid, new_valid], 1)
     for b, req in enumerate(active):
         for tok in drafts[b][:accepted[b]] + [bonuses[b]]:

@@ -9,7 +9,9 @@ One decoding step (vLLM 0.32 ``v1/worker/gpu/spec_decode/dspark/speculator.py`` 
 1. *draft*: the pending token (the last committed token, which the target has not seen yet) is the anchor at
    position p. The drafter reads its context K/V (target hidden states of every position < p, cached) and a query
    block — anchor-first ``[anchor, mask × (n-1)]`` for DSpark, 1+N ``[anchor, mask × n]`` for DFlash — and proposes n
-   tokens left to right, adding the Markov bias of the previously chosen token at each position (DSpark).
+   tokens left to right, adding the Markov bias of the previously chosen token at each position (DSpark). An
+   EAGLE-3 drafter (:mod:`dsparkhub.verify.reference.eagle3`) drafts one token per step instead, autoregressively
+   with its own KV cache (vLLM 0.32 ``v1/spec_decode/eagle.py``).
 2. *verify*: ONE target forward over ``[anchor, d_1 .. d_k]`` with the target's KV cache. Greedy: accept while
    ``d_i == argmax``; the target's token at the first mismatch (or after the last draft) is the bonus token.
    Temperature > 0: standard speculative rejection sampling — accept ``d_i`` with probability
@@ -81,7 +83,7 @@ class _Counters:
 
 
 class ReferenceEngine:
-    """Batch-1 speculative decoding with a transformers target and an optional DSpark / DFlash drafter.
+    """Batch-1 speculative decoding with a transformers target and an optional DSpark / DFlash / EAGLE-3 drafter.
 
     Args:
         target: HF model folder or loaded ``PreTrainedModel`` (Qwen3-style, ``output_hidden_states`` support).
@@ -281,7 +283,8 @@ class ReferenceEngine:
             drafter = self.drafter
             layer_ids = drafter.config.target_layer_ids
             ctx = drafter.context_kv(target_features(out.hidden_states, layer_ids).to(self._dtype_of(drafter)),
-                                     torch.arange(len(prompt), device=self._device).unsqueeze(0))
+                                     torch.arange(len(prompt), device=self._device).unsqueeze(0),
+                                     next_tokens=torch.tensor([prompt[1:] + [pending]], device=self._device))
             return self._decode_spec(pending, len(prompt), cache, ctx, outputs, n, max_new, temperature, gen, c)
 
     @staticmethod
@@ -313,6 +316,11 @@ class ReferenceEngine:
         ``confidence_out`` (when given) receives the raw confidence logit of each drafted position."""
         d = self.drafter
         anchor_t = torch.tensor([anchor], device=self._device)
+        if getattr(d, "autoregressive", False):  # EAGLE-3: chain drafting (no confidence head: refused in __init__)
+            dists: list[torch.Tensor] = []
+            ids = d.draft_steps(anchor_t, torch.tensor([pos], device=self._device), ctx, None, n,
+                                lambda step, logits: self._choose_draft(d, logits, temperature, [gen], dists))
+            return ids[0].tolist(), (torch.cat(dists) if dists else None)
         block_ids, positions, first = d.block_query(anchor_t, n, torch.tensor([pos], device=self._device))
         hidden = d.backbone(block_ids, positions, ctx)[0, first:first + n]  # [n, H]
         base = d.base_logits(hidden).float()  # [n, Vd]
@@ -347,6 +355,17 @@ class ReferenceEngine:
             tokens.append(int(tok))
             prev = tok
         return tokens, (torch.stack(dists) if dists else None)
+
+    def _choose_draft(self, d, logits: torch.Tensor, temperature: float, gens: list, dists: list) -> torch.Tensor:
+        """Draft-vocab ids [B] from ``logits`` [B, Vd]: argmax, or one sample per row with its generator; for
+        sampling, appends the rows' draft distributions in target vocab ([B, V]) to ``dists``."""
+        if temperature == 0:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits / temperature, dim=-1)
+        q = torch.zeros(probs.shape[0], self._vocab, device=self._device)
+        q[:, d.to_target_ids(torch.arange(probs.shape[1], device=self._device))] = probs
+        dists.append(q)
+        return torch.stack([torch.multinomial(probs[b], 1, generator=gens[b])[0] for b in range(probs.shape[0])])
 
     def _decode_spec(self, pending, pos, cache, ctx, outputs, n, max_new, temperature, gen, c: _Counters):
         d = self.drafter
@@ -386,7 +405,8 @@ class ReferenceEngine:
             if k - accepted > 0:
                 cache.crop(-(k - accepted))
             feats = target_features(out.hidden_states, layer_ids)[:, :accepted + 1].to(ddtype)
-            d.extend_context(ctx, feats, torch.arange(pos, pos + accepted + 1, device=self._device).unsqueeze(0))
+            d.extend_context(ctx, feats, torch.arange(pos, pos + accepted + 1, device=self._device).unsqueeze(0),
+                             next_tokens=torch.tensor([drafts[:accepted] + [bonus]], device=self._device))
             self._sync()
             t2 = time.perf_counter()
             c.draft_s += t1 - t0

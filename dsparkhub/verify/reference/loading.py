@@ -8,9 +8,10 @@ spec's canonical names (vLLM 0.32 / DeepSpec checkpoint names).
 
 What the reference drafter implements: Qwen3-backbone DSpark and DFlash drafters (DeepSpec, ``convert --to vllm``,
 ``convert --to speculators`` and z-lab layouts: the recipe gives the same spec for each, the speculators one with its
-``aux_hidden_state_layer_ids`` turned into layer-index numbering). Refused with :class:`~dsparkhub.errors.LayoutError`:
-other families (Gemma4 / K3 / DeepSeek-V4), DFlash2 / EAGLE-3, attention-sink bias, interleaved (non-neox) RoPE and
-non-default RoPE scaling.
+``aux_hidden_state_layer_ids`` turned into layer-index numbering), and single-layer Llama / Qwen3 EAGLE-3 drafters
+(speculators / TorchSpec layouts, :class:`~dsparkhub.verify.reference.eagle3.Eagle3Drafter`). Refused with
+:class:`~dsparkhub.errors.LayoutError`: other families (Gemma4 / K3 / DeepSeek-V4), DFlash2, multi-layer EAGLE-3,
+attention-sink bias, interleaved (non-neox) RoPE and non-default RoPE scaling.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from dsparkhub.layouts.causality import vllm_causality
 from dsparkhub.layouts.reading import OpenedDraft, open_draft, spec_from_config
 from dsparkhub.layouts.spec import ANCHOR_FIRST, DraftSpec
 from dsparkhub.verify.reference.drafter_config import DrafterConfig, LayerAttention
+from dsparkhub.verify.reference.eagle3 import Eagle3Drafter, Eagle3Options
 from dsparkhub.verify.reference.modeling import Drafter
 
-__all__ = ["drafter_config_from_spec", "drafter_config_of", "resolve_layer_attention",
+__all__ = ["drafter_config_from_spec", "drafter_config_of", "eagle3_from_spec", "resolve_layer_attention",
            "load_drafter"]
 
 _SLIDING = "sliding_attention"
@@ -201,6 +203,50 @@ def drafter_config_from_spec(spec: DraftSpec, *, path: str | Path | None = None)
     )
 
 
+def eagle3_from_spec(spec: DraftSpec, *, path: str | Path | None = None) -> Eagle3Drafter:
+    """An empty :class:`Eagle3Drafter` for an ``eagle3`` :class:`DraftSpec` (speculators / TorchSpec layouts).
+
+    Geometry from :attr:`DraftSpec.decoder_config` (``transformer_layer_config``); switches from the spec's extras
+    (``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output``); ``q_norm`` / ``k_norm`` when the
+    checkpoint holds them (a Qwen3 layer). Sliding window: ``layer_types[0] == "sliding_attention"`` with
+    ``sliding_window`` (speculators ``Eagle3DraftModel.__init__``; a Qwen3 layer needs ``use_sliding_window``).
+
+    Raises:
+        LayoutError: more than one decoder layer, a missing backbone key, non-default RoPE or a bad window.
+    """
+    decoder = spec.decoder_config
+    if spec.num_layers != 1:
+        raise LayoutError(f"EAGLE-3 drafter with {spec.num_layers} decoder layers: the reference engine computes "
+                          "single-layer EAGLE-3 drafters only", path=path, hint="measure it with --backend vllm")
+    heads = _int_key(decoder, "num_attention_heads", path)
+    window = None
+    layer_types = decoder.get("layer_types") or []
+    if layer_types and layer_types[0] == _SLIDING and (decoder.get("model_type") != "qwen3"
+                                                         or decoder.get("use_sliding_window")):
+        window = decoder.get("sliding_window")
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise LayoutError(f"layer 0 is sliding_attention but sliding_window is {window!r}, expected a positive "
+                              "int", path=path)
+    cfg = DrafterConfig(
+        kind="eagle3", hidden_size=spec.hidden_size, num_hidden_layers=1, num_attention_heads=heads,
+        num_key_value_heads=int(decoder.get("num_key_value_heads") or heads),
+        head_dim=int(decoder.get("head_dim") or spec.hidden_size // heads),
+        intermediate_size=_int_key(decoder, "intermediate_size", path), vocab_size=spec.vocab_size,
+        draft_vocab_size=spec.draft_vocab_size, target_hidden_size=spec.target_hidden_size,
+        target_layer_ids=tuple(spec.target_layer_ids), mask_token_id=0, block_size=spec.block_size or None,
+        sample_from_anchor=True, rms_norm_eps=float(decoder.get("rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(decoder, path), hidden_act=str(decoder.get("hidden_act", "silu")),
+        logit_scale=float(decoder.get("logit_scale", 1.0)), attention_bias=bool(decoder.get("attention_bias", False)),
+        layer_attention=(LayerAttention(sliding_window=window, causal=True),))
+    extras = spec.extras
+    options = Eagle3Options(norm_before_residual=bool(extras.get("norm_before_residual", False)),
+                            norm_before_fc=bool(extras.get("norm_before_fc", False)),
+                            fc_norm=bool(extras.get("fc_norm", False)),
+                            norm_output=bool(extras.get("norm_output", False)),
+                            qk_norm="layers.0.self_attn.q_norm.weight" in spec.tensors)
+    return Eagle3Drafter(cfg, options)
+
+
 def _read_weights(ckpt: Checkpoint, spec: DraftSpec) -> dict[str, torch.Tensor]:
     """The spec's tensors under their canonical names, one ``safe_open`` per shard (headers already checked by
     ``open_checkpoint``: shard paths inside the folder, no overlaps, sizes).
@@ -310,9 +356,13 @@ def load_drafter(folder: str | Path | OpenedDraft, target_model=None, *, dtype: 
     ckpt, spec = opened.checkpoint, opened.spec
     folder = Path(ckpt.path)
     config_path = folder / "config.json"
-    cfg = drafter_config_from_spec(spec, path=config_path)
+    if spec.variant == "eagle3":
+        drafter = eagle3_from_spec(spec, path=config_path)
+        cfg = drafter.config
+    else:
+        cfg = drafter_config_from_spec(spec, path=config_path)
+        drafter = Drafter(cfg)
     tensors = _read_weights(ckpt, spec)
-    drafter = Drafter(cfg)
     _check_names(drafter, tensors, folder)
     if target_model is not None:
         _check_target(cfg, tensors, target_model, config_path)

@@ -81,6 +81,7 @@ class ContextCache:
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
     positions: torch.Tensor | None = None  # [B, T] int64 context positions (None: 0 .. T - 1)
+    states: torch.Tensor | None = None  # [B, T, H] fused hidden per slot (EAGLE-3 re-queries its last slot)
 
     @property
     def length(self) -> int:
@@ -127,8 +128,10 @@ class Drafter(nn.Module):
         """``features`` [B, T, A·Ht] (concatenated target hidden states) -> context states [B, T, H]."""
         return self.hidden_norm(self.fc(features))
 
-    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> ContextCache:
-        """Per-layer context K/V of ``features`` [B, T, A·Ht] at ``positions`` [B, T] (int64)."""
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor,
+                   next_tokens: torch.Tensor | None = None) -> ContextCache:
+        """Per-layer context K/V of ``features`` [B, T, A·Ht] at ``positions`` [B, T] (int64); ``next_tokens``
+        (the token after each position) is read by autoregressive drafters only (EAGLE-3), ignored here."""
         states = self.context_states(features)
         cos, sin = self.rope.cos_sin(positions, states.dtype)
         cache = ContextCache(positions=positions.expand(states.shape[0], -1))
@@ -138,7 +141,8 @@ class Drafter(nn.Module):
             cache.values.append(v)
         return cache
 
-    def extend_context(self, cache: ContextCache, features: torch.Tensor, positions: torch.Tensor) -> ContextCache:
+    def extend_context(self, cache: ContextCache, features: torch.Tensor, positions: torch.Tensor,
+                       next_tokens: torch.Tensor | None = None) -> ContextCache:
         """Append the context K/V of new positions to ``cache`` (in place) and return it."""
         new = self.context_kv(features, positions)
         if not cache.keys:
