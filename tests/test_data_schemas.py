@@ -75,8 +75,8 @@ def test_every_shipped_data_file_passes_its_schema():
         for path in files:
             schema_errors.check(_read(path), schema, what=what, path=path, error=error)
         counts[kind] = len(files)
-    assert counts == {"recipe": 11, "family": 6, "target": 9, "release": 6}
-    assert len(recipes.load_recipes()) == 11 and len(families._tables(str(FAMILIES))) == 6
+    assert counts == {"recipe": 12, "family": 6, "target": 9, "release": 6}
+    assert len(recipes.load_recipes()) == 12 and len(families._tables(str(FAMILIES))) == 6
     targets, releases = manifests.load_manifests()
     assert (len(targets), len(releases)) == (9, 6)
 

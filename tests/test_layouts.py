@@ -285,7 +285,7 @@ def test_layouts_that_cannot_hold_a_family_refuse_with_the_alternatives(tmp_path
 def test_every_recipe_parses_and_has_a_round_trip_case():
     names = {r.name for r in load_recipes()}
     covered = {"deepspec", "vllm", "zlab-dflash", "speculators", "speculators-eagle3", "k3-dspark", "deepseek-v4",
-               "torchspec", "torchspec-k3", "torchspec-eagle3", "torchspec-dflash"}
-    # read-only: tests/conformance/test_torchspec{,_k3,_eagle3,_dflash}_conformance.py
+               "torchspec", "torchspec-k3", "torchspec-eagle3", "torchspec-dflash", "eagle3-hf"}
+    # read-only: tests/conformance/test_torchspec{,_k3,_eagle3,_dflash}_conformance.py; eagle3-hf: test_eagle3_hf.py
     assert names == covered
     assert get_recipe("deepseek-v4").stages["prefix"] == "mtp."
