@@ -200,8 +200,9 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
     Raises:
         ValidationFailedError: validation against the target found errors and ``force`` is False; or a frozen copy
             differs from the target's bytes (DSH312) and neither ``allow_different_embeddings`` nor ``force``.
-        ConversionRefusedError: the output layout cannot express the drafter's block layout or family, or names the
-            target and no Hub repo id of it is known (``base_model`` names it).
+        ConversionRefusedError: the output layout cannot express the drafter's block layout or family, or an
+            extra it has no key for differs from the one value its engine runs (``write.requires.extras``: eagle3-hf
+            ``norm_before_residual``), or it names the target and no Hub repo id of it is known (``base_model``).
         DsparkhubError subclasses from reading the source or target.
     """
     check_base_model(base_model, src)
@@ -246,6 +247,12 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
                 "would change what the drafter computes", path=d.checkpoint.path,
                 hint="layouts that keep it: " + ", ".join(r.name for r in load_recipes() if can_hold(r, spec)
                                                           and name in extra_key_map(r)))
+    lacking = [n for n in (recipe.data.get("write") or {}).get("keep_own") or [] if n not in spec.tensors]
+    if lacking:
+        raise ConversionRefusedError(
+            f"layout {recipe.name!r} reads {', '.join(lacking)} from the drafter itself (its engine does not borrow "
+            f"it from the target), but the drafter has no such tensor; the output would load with it unset",
+            path=d.checkpoint.path, hint="convert to a layout whose engine borrows it from the target (--to vllm)")
     variants = (recipe.data.get("write") or {}).get("variants") or [spec.variant]
     if spec.variant not in variants:
         raise ConversionRefusedError(

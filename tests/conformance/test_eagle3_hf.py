@@ -126,6 +126,20 @@ def test_lm_head_equal_to_the_targets_is_kept(sources, toy_target, tmp_path):
     assert "lm_head.weight" not in _tensors(tmp_path / "spec" / "model.safetensors")
 
 
+def test_a_drafter_without_its_own_lm_head_is_refused(sources, toy_target, tmp_path):
+    """SGLang takes lm_head from the target only when draft_vocab_size is absent, which eagle3-hf never writes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in sources["speculators"].iterdir():
+        (src / f.name).write_bytes(f.read_bytes())
+    t = _tensors(src / "model.safetensors")
+    del t["lm_head.weight"]
+    save_file(t, str(src / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConversionRefusedError, match="reads lm_head.weight from the drafter itself"):
+        convert(src, tmp_path / "out", toy_target, to="eagle3-hf")
+    assert not (tmp_path / "out").exists()
+
+
 def test_back_to_speculators_states_norm_before_residual_false(written, toy_target, tmp_path):
     """vLLM's speculators reader defaults norm_before_residual to true: the way back writes SGLang's false."""
     convert(written["speculators"], tmp_path / "back", toy_target, to="speculators-eagle3",
