@@ -75,8 +75,8 @@ def test_every_shipped_data_file_passes_its_schema():
         for path in files:
             schema_errors.check(_read(path), schema, what=what, path=path, error=error)
         counts[kind] = len(files)
-    assert counts == {"recipe": 13, "family": 8, "target": 9, "release": 6}
-    assert len(recipes.load_recipes()) == 13 and len(families._tables(str(FAMILIES))) == 8
+    assert counts == {"recipe": 14, "family": 8, "target": 9, "release": 6}
+    assert len(recipes.load_recipes()) == 14 and len(families._tables(str(FAMILIES))) == 8
     targets, releases = manifests.load_manifests()
     assert (len(targets), len(releases)) == (9, 6)
 

@@ -49,6 +49,7 @@ def test_no_code_site_decides_by_layout_name():
     ("deepseek-v4", {"own_block_layout_reader"}),
     ("torchspec", set()),
     ("speculators-eagle3", set()),
+    ("eagle3-hf", set()),
 ])
 def test_layout_flags_read_through_the_typed_recipe(layout, flags):
     typed = get_recipe(layout).typed

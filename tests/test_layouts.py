@@ -286,9 +286,9 @@ def test_every_recipe_parses_and_has_a_round_trip_case():
     names = {r.name for r in load_recipes()}
     covered = {"deepspec", "vllm", "zlab-dflash", "speculators", "speculators-eagle3", "k3-dspark", "deepseek-v4",
                "torchspec", "torchspec-k3", "torchspec-eagle3", "torchspec-dflash", "mistral-large4",
-               "minimax-m3-dspark"}
+               "minimax-m3-dspark", "eagle3-hf"}
     # read-only: tests/conformance/test_torchspec{,_k3,_eagle3,_dflash}_conformance.py,
     # tests/conformance/test_mistral_large4_dspark.py;
-    # minimax-m3-dspark: tests/conformance/test_minimax_m3_dspark.py (written back as itself)
+    # minimax-m3-dspark: tests/conformance/test_minimax_m3_dspark.py (written back as itself); eagle3-hf: test_eagle3_hf.py
     assert names == covered
     assert get_recipe("deepseek-v4").stages["prefix"] == "mtp."

@@ -13,7 +13,8 @@ from dsparkhub.draft_vocab import choose_draft_vocab
 from dsparkhub.errors import CheckpointFormatError, ConversionRefusedError, ValidationFailedError
 from dsparkhub.layouts.writing import DERIVED_TENSORS, write_config
 from dsparkhub.layouts.reading import OpenedDraft, open_draft
-from dsparkhub.layouts.recipes import Recipe, block_layout_of, can_hold, load_recipes, resolve_output_recipe
+from dsparkhub.layouts.recipes import (Recipe, block_layout_of, can_hold, extra_key_map, load_recipes,
+                                      resolve_output_recipe)
 from dsparkhub.layouts.causality import causality_refusal
 from dsparkhub.layouts.spec import ANCHOR_FIRST, ONE_PLUS_N
 from dsparkhub.target import TargetSpec, open_target
@@ -199,8 +200,9 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
     Raises:
         ValidationFailedError: validation against the target found errors and ``force`` is False; or a frozen copy
             differs from the target's bytes (DSH312) and neither ``allow_different_embeddings`` nor ``force``.
-        ConversionRefusedError: the output layout cannot express the drafter's block layout or family, or names the
-            target and no Hub repo id of it is known (``base_model`` names it).
+        ConversionRefusedError: the output layout cannot express the drafter's block layout or family, or an
+            extra it has no key for differs from the one value its engine runs (``write.requires.extras``: eagle3-hf
+            ``norm_before_residual``), or it names the target and no Hub repo id of it is known (``base_model``).
         DsparkhubError subclasses from reading the source or target.
     """
     check_base_model(base_model, src)
@@ -237,6 +239,20 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             f"layout {recipe.name!r} requires draft vocab == vocab (it shares the target's LM head), but the drafter "
             f"has a reduced draft vocab ({spec.draft_vocab_size} of {spec.vocab_size}); the vocab cannot be mapped "
             "without retraining the head", path=d.checkpoint.path)
+    for name, want in (limits.get("extras") or {}).items():
+        if spec.extras.get(name, want) != want:
+            raise ConversionRefusedError(
+                f"layout {recipe.name!r} has no key for `{name}`: its engine always runs {name}={want} "
+                f"({recipe.path.name} says where), but the drafter has {name}={spec.extras[name]}; writing it there "
+                "would change what the drafter computes", path=d.checkpoint.path,
+                hint="layouts that keep it: " + ", ".join(r.name for r in load_recipes() if can_hold(r, spec)
+                                                          and name in extra_key_map(r)))
+    lacking = [n for n in (recipe.data.get("write") or {}).get("keep_own") or [] if n not in spec.tensors]
+    if lacking:
+        raise ConversionRefusedError(
+            f"layout {recipe.name!r} reads {', '.join(lacking)} from the drafter itself (its engine does not borrow "
+            f"it from the target), but the drafter has no such tensor; the output would load with it unset",
+            path=d.checkpoint.path, hint="convert to a layout whose engine borrows it from the target (--to vllm)")
     variants = (recipe.data.get("write") or {}).get("variants") or [spec.variant]
     if spec.variant not in variants:
         raise ConversionRefusedError(
@@ -278,7 +294,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetSpec | None, *, 
             decisions.append(TensorDecision(name, "drop", None, f"layout {recipe.name!r} does not carry it"))
             continue
         out_name = recipe.to_layout(name, num_layers=spec.num_layers)
-        which = SHARED_WITH_TARGET.get(name)
+        which = None if name in (recipe.data.get("write", {}).get("keep_own") or []) else SHARED_WITH_TARGET.get(name)
         is_frozen = name in (d.recipe.data.get("frozen_copies") or [])
         # a frozen copy is compared even with keep_embeddings: one that differs means another target (DSH312)
         if which and t is not None and (is_frozen or not keep_embeddings) and spec.vocab_size <= t.vocab_size \

@@ -60,6 +60,9 @@ Extensions for the layouts beyond Qwen3 (each optional; see the recipe files for
   out of vocab by design: no mask token id, exempt from DSH102);
 - ``write.derive``: tensors the layout needs that are computed from others (speculators ``t2d`` from ``d2t``),
   see :data:`DERIVED_TENSORS`.
+- ``write.keep_own``: tensors the layout's engine always reads from the drafter, never dropped as the target's
+  (eagle3-hf ``lm_head.weight``); ``write.requires.extras``: ``{extra: value}`` the layout has no key for, at the
+  one value its engine runs (eagle3-hf ``norm_before_residual: false``); ``convert`` refuses a drafter with another.
 
 Every file is checked when loaded against :class:`~dsparkhub.layouts.schemas.RecipeSchema` (strict types, unknown
 keys refused; the module docstring there has the import / load timings); ``Recipe.data`` is the parsed mapping itself.

@@ -139,6 +139,8 @@ class Requires(_Strict):
     """``write.requires``: limits of the layout (``convert.plan``)."""
 
     full_vocab: bool = False
+    # extras the layout has no key for, at the one value its engine runs (eagle3-hf: norm_before_residual false)
+    extras: dict[str, bool] = {}
 
 
 class Write(_Strict):
@@ -159,6 +161,8 @@ class Write(_Strict):
     layout_key: dict[str, ByLayout] | None = None
     requires: Requires = msgspec.field(default_factory=Requires)
     omit: list[str] = []
+    # tensors the engine reads from the drafter even when they equal the target's (never dropped as shared)
+    keep_own: list[str] = []
     # the tensors ``layouts.writing.DERIVED_TENSORS`` can compute (a test keeps the two equal)
     derive: list[Literal["t2d"]] = []
     mirror: dict[str, list[str]] = {}

@@ -2,7 +2,8 @@
 ``tools/convert_to_hf.py``'s writers at deepinfra/TorchSpec 30189db; ``generators/make_torchspec_k3_fixtures.py``
 re-makes both fixtures): detected as ``torchspec-k3``, inspected, validated (the Kimi K3 manifest at real size),
 converted to the ``K3DSparkModel`` layout vLLM 0.32 loads, and that config accepted by vLLM's own
-``K3DSparkConfig`` (marker ``vllm``).
+``K3DSparkConfig`` (marker ``vllm``). SGLang 0.5.23 has no class for it: ``sglang-check`` refuses, naming its
+registry (marker ``sglang``).
 
 What the export holds, checked against the fixtures: ``model_type`` ``k3_dspark`` (not in convert_to_hf.py's
 ``_MODEL_TYPE_REMAP``), TorchSpec's tensor names (``fc`` / ``hidden_norm`` / ``norm``, where vLLM reads
@@ -26,7 +27,7 @@ from dsparkhub.layouts.reading import open_draft
 from dsparkhub.skeleton import sparse_drafter, write_skeleton
 from dsparkhub.validate import validate
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, need_sglang
 
 PLAIN = FIXTURES / "torchspec-k3-dspark"
 PRUNED = FIXTURES / "torchspec-k3-dspark-pruned"
@@ -171,3 +172,25 @@ def test_vllm_k3_dspark_config_accepts_the_converted_config(converted_all):
     src = json.loads((PRUNED / "config.json").read_text())
     with pytest.raises(ValueError, match="draft_vocab_size"):  # why the pruned subset cannot be kept
         k3.K3DSparkConfig(**{**cfg, "draft_vocab_size": src["draft_vocab_size"]})
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
+def test_sglang_check_refuses_k3_dspark_naming_sglangs_registry(converted_all, toy_target):
+    """SGLang 0.5.23 drives DSPARK on a Kimi K3 target (models/kimi_k3.py set_dspark_layers_to_capture) but its
+    ModelRegistry has no MLA DSpark drafter: the DSPARK classes are Qwen3DSparkModel / LingDSparkModel /
+    DSparkDraftModel (models/dspark.py:995), DSparkMiniMaxDraftModel, DeepseekV4ForCausalLMDSpark, Lfm2DSparkDraftModel.
+    Both converted exports (the same bytes) are refused at the config stage in one paragraph, exit 1."""
+    from dsparkhub.verify.sglang.checks import check_with_sglang
+
+    need_sglang()
+    report = check_with_sglang(converted_all[PLAIN], toy_target)
+    config = report.stage("config")
+    assert (report.algorithm, config.status, report.ok) == ("DSPARK", "refused", False), report.to_dict()
+    assert (report.stage("load_weights").status, report.stage("engine").status) == ("skipped", "skipped")
+    assert "['K3DSparkModel']" in config.message and "'k3_dspark'" in config.message
+    assert "sglang/srt/models/registry.py:" in config.message
+    assert "Qwen3DSparkModel" in config.message and "sglang/srt/models/dspark.py:995" in config.message
+    assert "K3DSparkModel" not in str(config.details["registered_draft_classes"])
+    res = CliRunner().invoke(main, ["sglang-check", str(converted_all[PRUNED]), "--target", str(toy_target)])
+    assert res.exit_code == 1 and "SGLang does not serve this drafter" in res.output, res.output

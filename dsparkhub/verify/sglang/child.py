@@ -25,6 +25,11 @@ Stages (SGLang file:line in the 0.5.23 wheel):
 3. ``engine`` — the same resolution with ``device="cpu"``: SGLang refuses ("DSpark speculative decoding only
    supports CUDA, NPU or XPU device.", ``speculative_hook.py:669-672``); the report keeps its message.
 
+A drafter whose architectures SGLang's ``ModelRegistry`` lacks (``models/registry.py`` ``resolve_model_cls`` would
+fall back to ``TransformersForCausalLM``: Kimi K3's ``K3DSparkModel``) is refused at the ``config`` stage before any of
+this, in one paragraph listing the draft classes SGLang registers for the algorithm (:func:`unserved_stage`); the
+other two stages are then skipped.
+
 Two concessions to CPU, both limited to this child process: SGLang's config package imports torchvision for
 multimodal image processors (``multimodal/internvl_utils.py:5``), and PyPI's torchvision wheel needs CUDA torch, so
 ``torchvision`` imported *by sglang modules* resolves to a placeholder whose callables raise ImportError (no drafter
@@ -147,11 +152,68 @@ def _read_tensors(folder: str) -> dict:
     return tensors
 
 
+#: the module-name marks of the draft classes each --speculative-algorithm loads (models/dspark*.py, models/dflash.py,
+#: models/*eagle3.py)
+_DRAFT_MODULES = {"DSPARK": "dspark", "DFLASH": "dflash", "EAGLE3": "eagle3"}
+
+
+def _where(obj) -> str:
+    """``sglang/<path>:<line>`` of a class or function in the installed wheel."""
+    import inspect
+
+    path = inspect.getsourcefile(obj) or "?"
+    return f"{path[path.rfind('sglang/'):]}:{inspect.getsourcelines(obj)[1]}"
+
+
+def _entry_line(module) -> str:
+    """``sglang/srt/models/<file>.py:<line>`` of a model module's ``EntryClass`` assignment."""
+    path = module.__file__
+    with open(path, encoding="utf-8") as f:
+        line = next((i for i, text in enumerate(f, 1) if text.startswith("EntryClass")), 0)
+    return f"{path[path.rfind('sglang/'):]}:{line}"
+
+
+def unserved_stage(draft: str, algorithm: str) -> dict | None:
+    """The ``config`` stage refused, when SGLang's ModelRegistry has no class for any of the drafter's architectures
+    (``models/registry.py`` ``resolve_model_cls`` would fall back to ``TransformersForCausalLM``, which no
+    speculative worker drives); None when it has one. The message lists the draft classes SGLang registers for
+    ``algorithm``, each with its module's ``EntryClass`` line, read from the installed wheel."""
+    import sys as _sys
+
+    from sglang.srt.models.registry import ModelRegistry, _ModelRegistry
+
+    with open(os.path.join(draft, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    supported = ModelRegistry.get_supported_archs()
+    if any(a in supported for a in archs):
+        return None
+    mark = _DRAFT_MODULES.get(algorithm, algorithm.lower())
+    served: dict[str, list[str]] = {}
+    for arch in sorted(supported):
+        cls = ModelRegistry.models[arch]
+        module = _sys.modules.get(getattr(cls, "__module__", ""))
+        if module is not None and mark in module.__name__.rsplit(".", 1)[-1]:
+            served.setdefault(_entry_line(module), []).append(arch)
+    listing = "; ".join(f"{', '.join(names)} ({where})" for where, names in served.items())
+    resolver = _where(_ModelRegistry.resolve_model_cls)
+    message = (f"SGLang does not serve this drafter: its ModelRegistry has no class for architectures {archs} "
+               f"(model_type {cfg.get('model_type')!r}); resolve_model_cls ({resolver}) "
+               f"would fall back to TransformersForCausalLM, which no --speculative-algorithm {algorithm} worker "
+               f"drives. The {algorithm} draft classes it registers (EntryClass of each models/*.py) are: "
+               f"{listing or 'none'}.")
+    return {"name": "config", "status": REFUSED, "message": message,
+            "details": {"architectures": archs, "model_type": cfg.get("model_type"), "algorithm": algorithm,
+                        "registered_draft_classes": served}}
+
+
 def config_stage(draft: str, target: str, algorithm: str, holder: dict) -> dict:
     from sglang.srt.arg_groups.model_override_base import resolved_view
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.utils.hf_transformers_utils import get_config
 
+    if draft is not None and (refused := unserved_stage(draft, algorithm)) is not None:
+        return refused
     args = _server_args(draft, target, algorithm, "cuda")
     args.resolve_once()
     holder["server_args"] = args
@@ -165,6 +227,8 @@ def config_stage(draft: str, target: str, algorithm: str, holder: dict) -> dict:
             raise ValueError(f"SGLang found no drafter in {target}: no dspark_* keys in its config.json and no "
                              "dspark/ subfolder; pass the drafter folder as DRAFT")
         draft = str(view.speculative_draft_model_path)
+        if (refused := unserved_stage(draft, algorithm)) is not None:
+            return refused
     holder["draft"] = draft
     cfg = get_config(draft, trust_remote_code=False)
     target_cfg = get_config(target, trust_remote_code=False)
@@ -338,7 +402,7 @@ def run(draft: str | None, target: str, algorithm: str) -> dict:
     holder: dict = {"algorithm": algorithm}
     stages = [_stage("config", lambda: config_stage(draft, target, algorithm, holder))]
     if stages[0]["status"] != PASSED:
-        stages.append({"name": "load_weights", "status": SKIPPED, "message": "the config stage failed",
+        stages.append({"name": "load_weights", "status": SKIPPED, "message": f"the config stage {stages[0]['status']}",
                        "details": {}, "seconds": 0.0})
     elif holder["cls"].__module__.rsplit(".", 1)[-1] not in ("dspark", "dflash", "llama_eagle3"):
         stages.append({"name": "load_weights", "status": SKIPPED, "details": {}, "seconds": 0.0,
@@ -347,7 +411,11 @@ def run(draft: str | None, target: str, algorithm: str) -> dict:
                                   "models/llama_eagle3.py) on CPU"})
     else:
         stages.append(_stage("load_weights", lambda: load_weights_stage(holder)))
-    stages.append(_stage("engine", lambda: engine_stage(draft, target, algorithm)))
+    if stages[0]["status"] == REFUSED:  # SGLang has no class for the drafter: nothing for the engine to resolve
+        stages.append({"name": "engine", "status": SKIPPED, "message": "SGLang does not serve this drafter",
+                       "details": {}, "seconds": 0.0})
+    else:
+        stages.append(_stage("engine", lambda: engine_stage(draft, target, algorithm)))
     return {"draft": holder.get("draft", draft), "target": target, "algorithm": algorithm,
             "sglang_version": importlib.metadata.version("sglang"), "stages": stages}
 
