@@ -25,13 +25,17 @@ def _config(folder):
 #: skeleton in test_torchspec_k3_conformance.py, never against the toy Qwen3 target (DSH311 there is right)
 K3_FIXTURES = ("torchspec-k3-dspark", "torchspec-k3-dspark-pruned")
 
+#: vLLM 0.34's MiniMax-M3 DSpark and its MiniMax-M3 target skeleton: validated against each other in
+#: test_minimax_m3_dspark.py (against the toy Qwen3 target DSH311 is right, and a target is no drafter)
+MINIMAX_FIXTURES = ("minimax-m3-dspark", "minimax-m3-target")
+
 
 #: fixtures that keep an upstream export defect on purpose; test_torchspec_eagle3_conformance.py checks the refusal
 DEFECTIVE_FIXTURES = ("torchspec-eagle3-pruned",)  # convert_to_hf.py:313 lm_head[d2t]: DSH208
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir()
-                                        if p.is_dir() and p.name not in K3_FIXTURES + DEFECTIVE_FIXTURES))
+                                        if p.is_dir() and p.name not in K3_FIXTURES + MINIMAX_FIXTURES + DEFECTIVE_FIXTURES))
 def test_every_upstream_fixture_validates_clean(name, toy_target):
     """Items 9 / 10: speculators' default EAGLE-3 (input_norm) and dflash's DFlash2 (conv, selector) are no DSH202."""
     report = validate(FIXTURES / name, toy_target)
