@@ -51,7 +51,7 @@ from dsparkhub.verify.engines import check_engine_options, detect_method, engine
 from dsparkhub.verify.parallel import check_layout, layout_of
 from dsparkhub.verify.results.derive import build_results, no_acceptance
 from dsparkhub.verify.results.identity import target_fingerprint
-from dsparkhub.verify.baseline import baseline_engine, baseline_n, check_baseline, parse_baseline
+from dsparkhub.verify.baseline import baseline_engine, baseline_n, check_baseline, mtp_baseline, parse_baseline
 from dsparkhub.verify.baseline_results import check_baseline_file, read_baseline_file, rebase
 from dsparkhub.verify.results.schema import BaselineRef, EngineInfo, ModelRef, Settings, VerifyResults
 from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
@@ -214,7 +214,9 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
     choice = parse_baseline(settings.baseline)  # --baseline, refused (check_baseline) before anything loads
     check_baseline(choice, backend=backend if isinstance(backend, str) else backend.name, target=target,
                    interleaves=backend == "reference" if isinstance(backend, str) else
-                   bool(getattr(backend, "interleaves", False)))
+                   bool(getattr(backend, "interleaves", False)),
+                   runs_mtp=engine_entry(backend).mtp_baseline if isinstance(backend, str) and engine_entry(backend)
+                   else hasattr(backend, "check_mtp"), concurrency=max(load.concurrency))
     if opened is not None:
         draft = opened.checkpoint.path  # its step_latest for a DeepSpec run folder, resolved when it was opened
     elif Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
@@ -335,7 +337,7 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
             if owned else backend
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
     plain: dict[str, dict[int, RunStats]] = {ds.name: {} for ds in data}  # a drafter baseline's lossless check
-    base_n = baseline_n(choice, ns) if choice.kind == "drafter" else None
+    base_n = baseline_n(choice, ns) if choice.kind == "drafter" else choice.n if choice.kind == "mtp" else None
     base_engine = engine
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None
@@ -349,6 +351,8 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
         threads = _set_threads(engine, load.intra_op_threads)
         if choice.kind == "drafter":  # the same loaded target drafting with the baseline drafter
             base_engine = baseline_engine(engine, choice)
+        elif choice.kind == "mtp":  # vLLM with the target's own MTP layers, refused here before any engine starts
+            base_engine = mtp_baseline(engine, choice)
         interleaved = bool(getattr(engine, "interleaves", False))
         reps = range(load.repeats)
         if interleaved:  # per concurrency and repeat: baseline, n1, n2, ... on every dataset
@@ -419,7 +423,8 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                           order="interleaved" if interleaved else "configuration-outer",
                           spread_limit=load.spread_limit, intra_op_threads=threads),
         runs=runs, warnings=noted, incomplete=incomplete, plain=plain,
-        baseline=BaselineRef() if base_n is None else BaselineRef(
+        baseline=BaselineRef() if base_n is None else BaselineRef(kind="mtp", id="mtp", n=base_n)
+        if choice.kind == "mtp" else BaselineRef(
             kind="drafter", id=Path(choice.path).resolve().name, n=base_n,
             fingerprint=checkpoint_fingerprint(choice.path), method=detect_method(choice.path)),
     )
