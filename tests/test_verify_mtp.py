@@ -156,7 +156,7 @@ FACTS = {"model_type": "mimo", "architecture": "MiMoForCausalLM", "mtp_model_typ
 @pytest.mark.parametrize("change, n, why", [
     ({}, 1, None),
     ({}, 4, None),  # a multiple of the 2 layers: vLLM reuses them
-    ({}, 3, "a multiple of that, and 3 is not"),
+    ({}, 3, "a multiple of that, and 3 is not (vLLM 0.32"),
     ({"registered": False, "mtp_model_type": "qwen2"}, 1, "makes model_type qwen2 of this config, which is not one"),
     ({"class_registered": False}, 1, "MiMoMTPModel is not in vLLM's model registry"),
     ({"layers": None}, 1, "n_predict=None: the target carries no MTP layers"),
@@ -170,6 +170,7 @@ def test_mtp_refusal_rules(change, n, why):
     else:
         assert why in text and text.startswith(f"--baseline mtp:{n} on vLLM 0.32.0 (target t")
         assert "vLLM 0.32 vllm/config/speculative.py:38-66" in text and "What to do:" in text
+        assert ("--baseline mtp:2 (or a multiple of 2)" in text) == (n == 3)
 
 
 def test_mtp_needs_a_backend_that_starts_it_at_concurrency_1(tmp_path):

@@ -63,6 +63,7 @@ def mtp_refusal(facts: dict, n: int, *, target: str, contract: VllmContract) -> 
     layers; ``n`` above the layer count and not a multiple of it (``above_layers: divisible``).
     """
     fact, version = contract.value("mtp"), contract.version
+    todo = "--baseline none, or a drafter baseline with --backend reference"
     what = f"--baseline mtp:{n} on vLLM {version} (target {target}"
     if facts.get("model_type"):
         what += f", model_type {facts['model_type']}, architecture {facts['architecture']}"
@@ -84,8 +85,7 @@ def mtp_refusal(facts: dict, n: int, *, target: str, contract: VllmContract) -> 
     elif n > facts["layers"] and fact.get("above_layers") == "divisible" and n % facts["layers"]:
         why = (f"the target has {facts['layers']} MTP layer(s) ({fact['layers_key']}); vLLM reuses them for more "
                f"draft tokens only when num_speculative_tokens is a multiple of that, and {n} is not")
+        todo = f"--baseline mtp:{facts['layers']} (or a multiple of {facts['layers']})"
     else:
         return None
-    return (f"{what} cannot be measured: {why} ({contract.source('mtp')}). Nothing was loaded. What to do: "
-            "--baseline none, a drafter baseline with --backend reference, or an mtp:N that vLLM takes "
-            "for this target.")
+    return f"{what} cannot be measured: {why} ({contract.source('mtp')}). Nothing was loaded. What to do: {todo}."
