@@ -17,7 +17,9 @@ Order of a run (each step fails with a clear error before the next, more expensi
    dataset at every concurrency, ``repeats`` times. A backend that switches configurations for free (the reference
    engine: ``interleaves = True``) runs them *interleaved* — per concurrency and repeat: baseline, n1, n2, ... — so
    a slow spell of a shared machine hits the baseline and the drafter alike; the vLLM backends start one engine per
-   configuration and run configuration-outer, the repeats back to back;
+   configuration and run configuration-outer, the repeats back to back. A speculative baseline (``--baseline``: a
+   drafter on the reference engine, the target's MTP layers on vLLM, :mod:`dsparkhub.verify.baseline`) is timed in
+   the baseline's place, after an untimed pass of the target alone its greedy outputs are checked against;
 5. build and save the results (atomically); with temperature 0 a run whose outputs differ from the baseline makes
    the run *not lossless*: the file is still written (``lossless: false``) and ``LosslessMismatchError`` is raised
    with the dataset, prompt, position and both tokens. An engine that refuses or dies mid-sweep, or Ctrl-C, leaves
