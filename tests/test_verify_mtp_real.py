@@ -3,9 +3,12 @@ target (``MiMoForCausalLM``: Qwen2 decoder plus ``model.mtp_layers.*``, vLLM's `
 checked against the installed vLLM's MTP registry by the child, then the MTP configuration against the target alone
 (lossless, vLLM's own counters). A Qwen2 target declaring MTP layers is refused from the same registry.
 
-A drafter of its own cannot run beside it on vLLM: vLLM's ``MiMoModel.forward`` returns no auxiliary hidden states,
-which DFlash / EAGLE-3 read, so ``run_verify`` end to end is covered by the stand-in round trip of
-``test_verify_mtp``. Two engine starts (~15-30 s each on 2 cores) and two registry children.
+A drafter of its own cannot run beside it on vLLM 0.32: ``verify DFLASH --target MIMO --backend vllm --baseline
+mtp:1`` runs the registry child, the target alone and the MTP engine, then the DFlash engine dies warming up with
+``ValueError: too many values to unpack (expected 2)`` (``v1/worker/gpu_model_runner.py:4218``: ``MiMoModel.forward``,
+``models/mimo.py:57-88``, returns no auxiliary hidden states), so ``run_verify`` end to end is covered by the
+stand-in round trip of ``test_verify_mtp``. Two engine starts (~40 s each on 2 shared cores) and two registry
+children: ~100 s.
 """
 
 from __future__ import annotations
