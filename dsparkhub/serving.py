@@ -37,6 +37,7 @@ class Engine:
         final_layer_source: where that state comes from, in words, for the finding's message.
         methods: the speculative methods it serves (names in :data:`METHODS`).
         gpu_methods: methods it serves on a CUDA GPU only; refused on a machine without one before anything runs.
+        mtp_baseline: it measures ``verify --baseline mtp:N`` (the target's own MTP layers) one request at a time.
         settings: the verify settings it takes besides target / drafter / method (``device``,
             ``tensor_parallel_size``, ``confidence_threshold``, ...); any other one given is refused
             (:func:`dsparkhub.verify.engines.check_engine_options`). A server records TP / context length / compile
@@ -60,6 +61,7 @@ class Engine:
     settings: frozenset[str] = frozenset()
     gpu_methods: tuple[str, ...] = ()
     other_batching: tuple[str, ...] = ()
+    mtp_baseline: bool = False
 
     def load(self) -> type:
         """Import the engine's module and return its backend class.
@@ -121,7 +123,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
                       "engine_args": "extra_engine_args", "env": "env", "max_concurrency": "max_concurrency"},
            settings=frozenset({"tensor_parallel_size", "max_model_len", "compilation_config", "speculative_config"}),
            # vLLM 0.32 runs DSpark in its V2 GPU model runner only (config/vllm.py)
-           gpu_methods=("dspark",), other_batching=("bench-serve",)),
+           gpu_methods=("dspark",), other_batching=("bench-serve",), mtp_baseline=True),
     Engine("vllm-serve", "vLLM server", server=True, batching="bench-serve", final_layer_state="raw",
            final_layer_source="vLLM aux hidden states", methods=tuple(METHODS),
            module="dsparkhub.verify.vllm.server", cls="VllmServerBackend",

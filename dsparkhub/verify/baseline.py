@@ -5,7 +5,10 @@
   number of MTP layers from the target config's ``num_nextn_predict_layers`` (DeepSeek-V3 / V4, Kimi, GLM, MiMo...)
   or ``mtp_num_hidden_layers`` (Qwen3-Next / Qwen3.5), top level or in ``text_config``
   (``vllm/config/speculative.py``, ``SpeculativeConfig.hf_config_override``); a target without either (or with 0)
-  has no MTP layers to speculate with. dsparkhub's reference engine has no MTP implementation;
+  has no MTP layers to speculate with. dsparkhub's reference engine has no MTP implementation; ``--backend vllm``
+  (one request at a time) runs it as one more engine configuration (:class:`MtpBaseline`), after its child read what
+  the installed vLLM makes of the target (:mod:`dsparkhub.verify.vllm.mtp`: model_types without an MTP drafter in
+  vLLM's registry, and N above the MTP layers where vLLM refuses it, are refused before any engine starts);
 - ``RESULTS.json[@n]``: another results file of the same setup (:mod:`dsparkhub.verify.baseline_results`);
 - ``PATH[@n]``: another drafter folder, at ``n`` draft tokens (default: the tokens one trained block proposes,
   else the largest n measured); the reference engine runs it on the same target, interleaved with the drafter.
@@ -84,7 +87,8 @@ def mtp_layers(target: str | Path) -> int:
     return 0
 
 
-def check_baseline(choice: BaselineChoice, *, backend: str, target: str | Path, interleaves: bool) -> None:
+def check_baseline(choice: BaselineChoice, *, backend: str, target: str | Path, interleaves: bool,
+                   runs_mtp: bool = False, serve_sweep: bool = False) -> None:
     """Refuse a baseline this run cannot measure, in one paragraph, before any model loads.
 
     Args:
@@ -92,12 +96,17 @@ def check_baseline(choice: BaselineChoice, *, backend: str, target: str | Path, 
         backend: the backend's name (``reference``, ``vllm``...).
         target: the target folder (or what the backend accepts).
         interleaves: whether the backend runs configurations interleaved in one process (the reference engine).
+        runs_mtp: whether the backend starts an MTP configuration itself (``Engine.mtp_baseline``: vLLM offline).
+        serve_sweep: the run measures concurrency above 1 through ``vllm serve`` + ``vllm bench serve``
+            (``--load-driver bench-serve``), which starts no MTP configuration; the closed loop over vLLM's engine
+            (``engine-loop``, the vllm default) does.
 
     Raises:
         EngineOptionError: ``mtp:N`` on the reference engine (it has no MTP implementation) or on a target whose
-            config declares no MTP layers (vLLM 0.32's rule, :data:`MTP_KEYS`); ``mtp:N`` with N above the
-            target's MTP layers is allowed (vLLM reuses the layers); a drafter baseline on a backend that starts
-            one engine per configuration (vLLM: not wired in this version).
+            config declares no MTP layers (vLLM 0.32's rule, :data:`MTP_KEYS`), on a backend that does not start
+            an MTP configuration, or through the serve sweep; the installed vLLM's own rules (model_type, N above the
+            MTP layers) are checked by ``VllmBackend.check_mtp``; a drafter baseline on a backend that starts one
+            engine per configuration (vLLM: not wired in this version).
     """
     if choice.kind == "mtp":
         if backend == "reference":
@@ -111,10 +120,17 @@ def check_baseline(choice: BaselineChoice, *, backend: str, target: str | Path, 
                 f"the target config's {' or '.join(MTP_KEYS)} (top level or text_config; vllm/config/"
                 "speculative.py), and this config.json has neither (or 0), so there is nothing to speculate with. "
                 "Nothing was loaded.", hint="--baseline none, or a drafter folder as baseline")
-        raise EngineOptionError(
-            f"--baseline mtp:{choice.n} on --backend {backend}: the vLLM backends of this version start the "
-            "baseline engine without a speculative config, so an MTP baseline is not measured yet. Nothing was "
-            "loaded.", hint="--baseline none, or a drafter folder with --backend reference")
+        if not runs_mtp:
+            raise EngineOptionError(
+                f"--baseline mtp:{choice.n} on --backend {backend}: this backend measures engines it did not start "
+                "(or has no MTP configuration), so it cannot run the target's MTP layers; --backend vllm starts "
+                "them (vLLM method `mtp`). Nothing was loaded.", hint="use --backend vllm, or --baseline none")
+        if serve_sweep:
+            raise EngineOptionError(
+                f"--baseline mtp:{choice.n} with --load-driver bench-serve: that driver measures concurrency above 1 "
+                "with `vllm serve` + `vllm bench serve`, which does not start an MTP configuration in this version; "
+                "the closed loop over vLLM's engine (--load-driver engine-loop, the default of --backend vllm) does. "
+                "Nothing was loaded.", hint="drop --load-driver, or --baseline none")
     if choice.kind == "drafter" and not interleaves:
         raise EngineOptionError(
             f"--baseline {choice.path}: a drafter baseline is measured by the reference engine (interleaved with "
@@ -150,3 +166,33 @@ def baseline_engine(engine, choice: BaselineChoice):
                                  device=engine._device)
     other.confidence_threshold = None
     return other
+
+
+class MtpBaseline:
+    """A vLLM backend drafting with the target's own MTP layers (``speculative_config={"method": "mtp",
+    "num_speculative_tokens": n}``, no drafter model): the baseline configuration of ``--baseline mtp:N``, run as
+    the runner runs a drafter baseline (timed; untimed target-alone pass for the lossless check)."""
+
+    def __init__(self, engine, n: int):
+        self.engine, self.n = engine, n
+        self.name, self.version, self.device = engine.name, engine.version, engine.device
+
+    def run(self, prompts, *, num_speculative_tokens, **kwargs):
+        """``engine.run`` at ``num_speculative_tokens`` with the method ``mtp`` (see ``VllmBackend.run``)."""
+        return self.engine.run(prompts, num_speculative_tokens=num_speculative_tokens, method="mtp", **kwargs)
+
+
+def mtp_baseline(engine, choice: BaselineChoice) -> MtpBaseline:
+    """The :class:`MtpBaseline` of ``engine`` at ``choice.n``, after ``engine.check_mtp`` (no engine starts).
+
+    Raises:
+        EngineUnavailableError: the installed vLLM cannot draft with the target's MTP layers at that n (one
+            paragraph), or the engine cannot check it (no ``check_mtp``).
+    """
+    if not hasattr(engine, "check_mtp"):
+        from dsparkhub.errors import EngineUnavailableError
+
+        raise EngineUnavailableError(f"--baseline mtp:{choice.n}: backend {engine.name} has no MTP configuration",
+                                     hint="use --backend vllm")
+    engine.check_mtp(choice.n)
+    return MtpBaseline(engine, choice.n)

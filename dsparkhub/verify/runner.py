@@ -17,7 +17,9 @@ Order of a run (each step fails with a clear error before the next, more expensi
    dataset at every concurrency, ``repeats`` times. A backend that switches configurations for free (the reference
    engine: ``interleaves = True``) runs them *interleaved* — per concurrency and repeat: baseline, n1, n2, ... — so
    a slow spell of a shared machine hits the baseline and the drafter alike; the vLLM backends start one engine per
-   configuration and run configuration-outer, the repeats back to back;
+   configuration and run configuration-outer, the repeats back to back. A speculative baseline (``--baseline``: a
+   drafter on the reference engine, the target's MTP layers on vLLM, :mod:`dsparkhub.verify.baseline`) is timed in
+   the baseline's place, after an untimed pass of the target alone its greedy outputs are checked against;
 5. build and save the results (atomically); with temperature 0 a run whose outputs differ from the baseline makes
    the run *not lossless*: the file is still written (``lossless: false``) and ``LosslessMismatchError`` is raised
    with the dataset, prompt, position and both tokens. An engine that refuses or dies mid-sweep, or Ctrl-C, leaves
@@ -51,7 +53,7 @@ from dsparkhub.verify.engines import check_engine_options, detect_method, engine
 from dsparkhub.verify.parallel import check_layout, layout_of
 from dsparkhub.verify.results.derive import build_results, no_acceptance
 from dsparkhub.verify.results.identity import target_fingerprint
-from dsparkhub.verify.baseline import baseline_engine, baseline_n, check_baseline, parse_baseline
+from dsparkhub.verify.baseline import baseline_engine, baseline_n, check_baseline, mtp_baseline, parse_baseline
 from dsparkhub.verify.baseline_results import check_baseline_file, read_baseline_file, rebase
 from dsparkhub.verify.results.schema import BaselineRef, EngineInfo, ModelRef, Settings, VerifyResults
 from dsparkhub.verify.settings import EngineOptionError, VerifyArgumentError, VerifySettings
@@ -229,7 +231,11 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
     choice = parse_baseline(settings.baseline)  # --baseline, refused (check_baseline) before anything loads
     check_baseline(choice, backend=backend if isinstance(backend, str) else backend.name, target=target,
                    interleaves=backend == "reference" if isinstance(backend, str) else
-                   bool(getattr(backend, "interleaves", False)))
+                   bool(getattr(backend, "interleaves", False)),
+                   runs_mtp=engine_entry(backend).mtp_baseline if isinstance(backend, str) and engine_entry(backend)
+                   else hasattr(backend, "check_mtp"),
+                   serve_sweep=max(load.concurrency) > 1 and isinstance(backend, str) and engine_entry(backend) is not None
+                   and (load.driver or engine_entry(backend).batching) == "bench-serve")
     if opened is not None:
         draft = opened.checkpoint.path  # its step_latest for a DeepSpec run folder, resolved when it was opened
     elif Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
@@ -360,7 +366,7 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
             if owned else backend
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
     plain: dict[str, dict[int, RunStats]] = {ds.name: {} for ds in data}  # a drafter baseline's lossless check
-    base_n = baseline_n(choice, ns) if choice.kind == "drafter" else None
+    base_n = baseline_n(choice, ns) if choice.kind == "drafter" else choice.n if choice.kind == "mtp" else None
     base_engine = engine
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None
@@ -374,6 +380,8 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
         threads = _set_threads(engine, load.intra_op_threads)
         if choice.kind == "drafter":  # the same loaded target drafting with the baseline drafter
             base_engine = baseline_engine(engine, choice)
+        elif choice.kind == "mtp":  # vLLM with the target's own MTP layers, refused here before any engine starts
+            base_engine = mtp_baseline(engine, choice)
         interleaved = bool(getattr(engine, "interleaves", False))
         reps = range(load.repeats)
         if interleaved:  # per concurrency and repeat: baseline, n1, n2, ... on every dataset
@@ -444,7 +452,8 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
                           order="interleaved" if interleaved else "configuration-outer",
                           spread_limit=load.spread_limit, intra_op_threads=threads),
         runs=runs, warnings=noted, incomplete=incomplete, plain=plain,
-        baseline=BaselineRef() if base_n is None else BaselineRef(
+        baseline=BaselineRef() if base_n is None else BaselineRef(kind="mtp", id="mtp", n=base_n)
+        if choice.kind == "mtp" else BaselineRef(
             kind="drafter", id=Path(choice.path).resolve().name, n=base_n,
             fingerprint=checkpoint_fingerprint(choice.path), method=detect_method(choice.path)),
     )

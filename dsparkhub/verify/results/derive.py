@@ -138,7 +138,8 @@ def build_baseline(stats: RunStats | list[RunStats], concurrency: int = 1, *, ki
                     wall_s=float(statistics.median(s.wall_s for s in reps)), tokens_per_s=statistics.median(tps),
                     concurrency=concurrency, tokens_per_s_repeats=tps, latency=latency_of(reps), kind=kind,
                     lossless=(mismatch is None) if plain is not None else None, first_mismatch=mismatch,
-                    per_request=per_request_of(reps[0]))
+                    per_request=per_request_of(reps[0]), tau=reps[0].tau if reps[0].num_drafts else None,
+                    per_position_acceptance=reps[0].per_position_acceptance if reps[0].num_drafts else None)
 
 
 def assess_run(run: RunResult, settings: Settings) -> list[str]:

@@ -87,7 +87,8 @@ as their default.
 one per repeat, in order; /1: ``[tokens_per_s]``), ``latency`` (Latency | null); /3 adds ``kind`` (str, the
 top-level ``baseline.kind`` this record measured: ``none`` = no speculation; /1, /2: ``none``) and ``lossless``
 (bool | null: a speculative baseline's greedy outputs against the target alone, checked in its first repeat; null
-for ``none`` or temperature > 0) with ``first_mismatch`` (Mismatch | null).
+for ``none`` or temperature > 0) with ``first_mismatch`` (Mismatch | null); optional (o) ``tau`` (float) and
+``per_position_acceptance`` (list[float]) of a speculative baseline (``mtp``, ``drafter``), its first repeat.
 
 ``BaselineRef`` (``baseline``, /3): ``kind`` (``none`` | ``mtp`` | ``drafter`` | ``results``), ``id`` (``no
 speculation``; ``mtp`` for the target's own MTP layers; the baseline drafter's folder name; a results file's name),
@@ -268,6 +269,9 @@ class Baseline:
     lossless: bool | None = None
     first_mismatch: Mismatch | None = None
     per_request: PerRequest | None = None  # issue 25 (perrequest branch), additive
+    # optional (absent when null): a speculative baseline's own τ and per-position acceptance, first repeat
+    tau: float | None = None
+    per_position_acceptance: list[float] | None = None
 
 
 @dataclass(config=_STRICT)
@@ -568,6 +572,10 @@ class VerifyResults:
             del d["step_costs"]
         if d["engine"]["contract"] is None:
             del d["engine"]["contract"]  # only vLLM runs carry one; other files keep their bytes
+        for b in (b for ds in d["datasets"] for b in ds["baselines"]):
+            for key in ("tau", "per_position_acceptance"):  # only a speculative baseline has them
+                if b[key] is None:
+                    del b[key]
         return {"schema": d.pop("schema"), **d}
 
     def save(self, path: str | Path) -> Path:

@@ -39,6 +39,10 @@ def format_summary_table(results: VerifyResults) -> str:
     if checked:  # a speculative baseline: its own greedy outputs against the target alone
         out.append(f"baseline {results.baseline.label} lossless against the target alone: "
                    f"{'ok' if all(checked) else 'FAIL'}")
+    taus = [f"{ds.name} {b.tau:.2f}" + (f" @{b.concurrency}" if len(results.settings.concurrency) > 1 else "")
+            for ds in results.datasets for b in ds.baselines if b.tau is not None]
+    if taus:  # a speculative baseline's own acceptance length
+        out.append(f"baseline {results.baseline.label} tau: {', '.join(taus)}")
     for c in cs:
         head = ["dataset" if len(cs) == 1 else f"dataset @ concurrency {c}"] + \
             [f"n={n}: tau / speedup / lossless" for n in ns]

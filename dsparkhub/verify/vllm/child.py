@@ -25,6 +25,8 @@ Engine mode requests:
   Answers ``{"outputs", "wall_s", "per_prompt_s", "requests", "peak_in_flight", "counters_before",
   "counters_after"}`` (vLLM's cumulative spec-decode counters around the run; ``requests``: per prompt vLLM's own
   ``{"drafts", "accepted", "ttft_s", "e2e_s"}``, see :func:`_request_figures`).
+- ``{"action": "mtp_facts", "model": TARGET}`` -> what the installed vLLM makes of the target's MTP layers (no
+  engine starts; :func:`dsparkhub.verify.vllm.mtp.mtp_facts`) plus ``vllm_version``.
 - ``{"action": "metrics_text"}`` -> the Prometheus exposition text of this process's registry (what ``vllm serve``
   would show on ``/metrics``), for tests of the text parser.
 
@@ -68,6 +70,8 @@ class EngineSession:
         action = request.get("action")
         if action == "start":
             return self.start(request)
+        if action == "mtp_facts":
+            return self.mtp_facts(request)
         if self.llm is None:
             raise RuntimeError(f"request {action!r} before a successful 'start'")
         if action == "run":
@@ -126,6 +130,18 @@ class EngineSession:
         return {"vllm_version": vllm.__version__, "device": _device(int(args.get("tensor_parallel_size", 1))),
                 "start_s": start_s, "warmup_s": warmup_s, "model_runner": runner,
                 "contract": contract.to_dict()}
+
+    def mtp_facts(self, request: dict) -> dict:
+        """What the installed vLLM makes of the target's MTP layers, before any engine starts
+        (:func:`dsparkhub.verify.vllm.mtp.mtp_facts`); answers those facts plus ``vllm_version``."""
+        self.stage = "importing vllm"
+        import vllm
+
+        from dsparkhub.verify.vllm.contract import contract_for
+        from dsparkhub.verify.vllm.mtp import mtp_facts
+
+        self.stage = "reading the target's MTP layers"
+        return {"vllm_version": vllm.__version__, **mtp_facts(request["model"], contract_for(vllm.__version__))}
 
     def _generate(self, prompts, *, max_new_tokens, temperature, seed, ignore_eos):
         from vllm import SamplingParams

@@ -27,14 +27,15 @@ import yaml
 from dsparkhub.errors import EngineUnavailableError
 from dsparkhub.validate.settings import VllmFacts
 
-__all__ = ["Fact", "VllmContract", "contract_for", "installed_contract", "lines", "refusal_texts", "results_contract", "self_check",
+__all__ = ["Fact", "VllmContract", "contract_for", "installed_contract", "lines", "refusal_texts", "resolve",
+           "results_contract", "self_check",
            "self_check_paragraph", "vllm_version"]
 
 CONTRACT_FILE = Path(__file__).with_name("contract.yaml")
 #: the fact kinds every line defines (contract.yaml explains each).
 FACT_KINDS = ("runner_attribute", "drafter_classes", "refusals", "loader_guards", "shares_from_target",
               "removed_speculative_keys", "metrics", "cpu_stand_in", "parallel", "method_sniffs",
-              "gpu_drafter_classes", "touches")
+              "gpu_drafter_classes", "mtp", "touches")
 _VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)")
 
 
@@ -222,17 +223,30 @@ def refusal_texts() -> list[tuple[str, str, str]]:
     return list(seen.values())
 
 
-def _find(touch: str, importer: Callable[[str], Any]) -> bool:
-    """Whether ``module[:attr.attr]`` exists (``importer`` imports the module)."""
+def resolve(touch: str, importer: Callable[[str], Any] = importlib.import_module) -> Any:
+    """The object ``module[:attr.attr]`` names (``importer`` imports the module); call it in the vLLM child.
+
+    Raises:
+        LookupError: the module cannot be imported or lacks an attribute (the message names ``touch``).
+    """
     module, _, attrs = touch.partition(":")
     try:
         obj = importer(module)
-    except ImportError:
-        return False
+    except ImportError as exc:
+        raise LookupError(f"{touch}: {exc}") from None
     for name in filter(None, attrs.split(".")):
         if not hasattr(obj, name):
-            return False
+            raise LookupError(f"{touch}: no attribute {name!r}")
         obj = getattr(obj, name)
+    return obj
+
+
+def _find(touch: str, importer: Callable[[str], Any]) -> bool:
+    """Whether ``module[:attr.attr]`` exists (``importer`` imports the module)."""
+    try:
+        resolve(touch, importer)
+    except LookupError:
+        return False
     return True
 
 

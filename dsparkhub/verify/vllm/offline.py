@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dsparkhub.errors import VerifyError
+from dsparkhub.errors import EngineUnavailableError, VerifyError
 from dsparkhub.verify.stats import RunStats
 from dsparkhub.verify.vllm.counters import SpecCounters
 from dsparkhub.verify.vllm.method import method_for_drafter
@@ -106,7 +106,7 @@ class VllmBackend:
         self.version = f"vllm {installed}" if installed else "vllm (not installed)"
         self.device = "not started"
         self._child: ChildProcess | None = None
-        self._child_n: int | None = None  # the n the running child serves (None: baseline); valid with _child
+        self._child_key: tuple = ()  # (method, n) the running child serves (n None: no speculation); with _child
         self.last_start: dict = {}
 
     @classmethod
@@ -114,15 +114,19 @@ class VllmBackend:
         """The constructor ``dsparkhub.verify.runner`` calls by backend name; same arguments as ``__init__``."""
         return cls(target, drafter, **options)
 
-    def _what(self, n: int | None) -> str:
+    def _what(self, n: int | None, method: str | None = None) -> str:
         version = self.version.replace("vllm ", "vLLM ")
         if n is None:
             return f"{version} (target {self.target}, no drafter)"
+        if method is not None:
+            return f"{version} (target {self.target} drafting with its own {method} layers, num_speculative_tokens={n})"
         src = self.drafter if self.drafter is not None else "attached to the target"
         return f"{version} (target {self.target}, {self.method} drafter {src}, num_speculative_tokens={n})"
 
-    def engine_request(self, n: int | None) -> dict:
+    def engine_request(self, n: int | None, method: str | None = None) -> dict:
         """The JSON the child turns into ``LLM(**engine_args)``; ``speculative_config`` only when ``n`` is set.
+        With ``method`` (``mtp``: the target's own MTP layers) it is ``{"method": method, "num_speculative_tokens":
+        n}`` alone: no drafter model, no ``speculative_extra``.
 
         Raises:
             VerifyError: ``n`` is set but no method is known (no drafter and no ``method``).
@@ -132,7 +136,9 @@ class VllmBackend:
         # stops on generation_config.json's eos ids only). With a tokenizer, vLLM also stops on its eos, as served.
         args.setdefault("skip_tokenizer_init", _local_without_tokenizer(self.target))
         args["disable_log_stats"] = False  # LLM defaults it to True, which hides get_metrics()' counters
-        if n is not None:
+        if n is not None and method is not None:
+            args["speculative_config"] = {"method": method, "num_speculative_tokens": int(n)}
+        elif n is not None:
             if self.method is None:
                 raise VerifyError(
                     f"num_speculative_tokens={n} requested but no drafter and no method were given.",
@@ -147,21 +153,22 @@ class VllmBackend:
         return {"action": "start", "model": self.target, "engine_args": args,
                 "closed_loop": self.max_concurrency > 1}
 
-    def _ensure(self, n: int | None) -> ChildProcess:
-        if self._child is not None and self._child_n == n and self._child.proc.poll() is None:
+    def _ensure(self, n: int | None, method: str | None = None) -> ChildProcess:
+        key = (method, n)
+        if self._child is not None and self._child_key == key and self._child.proc.poll() is None:
             return self._child
         self.close()
-        what = self._what(n)
+        what = self._what(n, method)
         child = ChildProcess("engine", env=self.env, python=self.python)
         try:
-            reply = child.request(self.engine_request(n), timeout_s=self.timeout_s, what=f"starting {what}")
+            reply = child.request(self.engine_request(n, method), timeout_s=self.timeout_s, what=f"starting {what}")
             if "error" in reply:
-                raise_child_error(reply["error"], what=what, method=self.method if n is not None else None,
+                raise_child_error(reply["error"], what=what, method=(method or self.method) if n is not None else None,
                                   child=child)
         except BaseException:
             child.close(grace_s=5)
             raise
-        self._child, self._child_n = child, n
+        self._child, self._child_key = child, key
         if reply.get("device"):  # the results' setup line says how the load was made (as the serve sweep does)
             self.device = reply["device"] + (", load from a closed loop over LLM.llm_engine"
                                              if self.max_concurrency > 1 else "")
@@ -171,11 +178,13 @@ class VllmBackend:
         return child
 
     def run(self, prompts: list[list[int]], *, num_speculative_tokens: int | None, max_new_tokens: int,
-            temperature: float = 0.0, seed: int = 0, concurrency: int = 1) -> RunStats:
+            temperature: float = 0.0, seed: int = 0, concurrency: int = 1,
+            method: str | None = None) -> RunStats:
         """Generate for every prompt with this configuration's engine; see ``stats.Backend.run``.
 
         ``concurrency`` 1 with ``max_concurrency`` 1: one ``LLM.generate`` per prompt (batch 1). Otherwise a closed
         loop keeps exactly ``concurrency`` requests in flight (prompt i sampled with seed + i either way).
+        ``method`` (``mtp``) drafts with the target's own layers of that method instead of the drafter.
 
         Returns:
             RunStats with ``outputs``, ``wall_s`` (generate calls only at batch 1; first add to last finish in the
@@ -194,8 +203,8 @@ class VllmBackend:
                               f"{self.max_concurrency} with {len(prompts)} prompts; it could not be reached.",
                               hint="construct VllmBackend(max_concurrency=...) with the sweep's highest concurrency "
                                    "and give at least that many prompts")
-        child = self._ensure(num_speculative_tokens)
-        what = self._what(num_speculative_tokens)
+        child = self._ensure(num_speculative_tokens, method)
+        what = self._what(num_speculative_tokens, method)
         reply = child.request(
             {"action": "run", "prompts": [list(map(int, p)) for p in prompts], "max_new_tokens": int(max_new_tokens),
              "temperature": float(temperature), "seed": int(seed), "ignore_eos": self.ignore_eos,
@@ -203,7 +212,7 @@ class VllmBackend:
             timeout_s=self.timeout_s, what=f"generating with {what}")
         if "error" in reply:
             try:
-                raise_child_error(reply["error"], what=what, method=self.method, child=child)
+                raise_child_error(reply["error"], what=what, method=method or self.method, child=child)
             finally:
                 self.close()
         delta = SpecCounters.from_dict(reply["counters_after"]) - SpecCounters.from_dict(reply["counters_before"])
@@ -226,6 +235,31 @@ class VllmBackend:
             concurrency=int(concurrency),
             **request_fields(reply.get("requests")),
         )
+
+    def check_mtp(self, n: int) -> None:
+        """Refuse ``--baseline mtp:n`` on this target before any engine starts: a child reads what the installed
+        vLLM makes of the target's MTP layers (:func:`dsparkhub.verify.vllm.mtp.mtp_facts`; no model loads).
+
+        Raises:
+            EngineUnavailableError: vLLM cannot draft with the target's MTP layers at ``n`` (one paragraph,
+                :func:`~dsparkhub.verify.vllm.mtp.mtp_refusal`).
+            VerifyError: the child failed to answer.
+        """
+        from dsparkhub.verify.vllm.contract import contract_for
+        from dsparkhub.verify.vllm.mtp import mtp_refusal
+
+        child = ChildProcess("engine", env=self.env, python=self.python)
+        try:
+            reply = child.request({"action": "mtp_facts", "model": self.target}, timeout_s=self.timeout_s,
+                                  what=f"reading the MTP layers of {self.target} with {self.version}")
+            if "error" in reply:
+                raise_child_error(reply["error"], what=f"{self.version} reading the MTP layers of {self.target}",
+                                  method="mtp", child=child)
+        finally:
+            child.close(grace_s=5)
+        paragraph = mtp_refusal(reply, n, target=self.target, contract=contract_for(reply["vllm_version"]))
+        if paragraph is not None:
+            raise EngineUnavailableError(paragraph)
 
     def prometheus_text(self) -> str:
         """The Prometheus exposition text of the running engine (what ``vllm serve`` shows on ``/metrics``).
