@@ -181,3 +181,25 @@ def test_mtp_needs_a_backend_that_starts_it_and_no_serve_sweep(tmp_path):
         check_baseline(mtp, backend="vllm-serve", target=tmp_path, interleaves=False, runs_mtp=False)
     with pytest.raises(EngineOptionError, match="--load-driver bench-serve: that driver measures concurrency above 1"):
         check_baseline(mtp, backend="vllm", target=tmp_path, interleaves=False, runs_mtp=True, serve_sweep=True)
+
+
+def test_the_mtp_baseline_runs_at_the_loop_concurrency(tmp_path):
+    """At concurrency above 1 (the closed loop over vLLM's engine) the MTP configuration runs at the same
+    concurrency as the drafter: ``MtpBaseline.run`` hands ``concurrency`` on with ``method="mtp"``."""
+    from dsparkhub.verify.baseline import MtpBaseline
+
+    calls = []
+
+    class Engine:
+        name, version, device = "vllm", "vllm 0.32.0", "cpu"
+
+        def run(self, prompts, *, num_speculative_tokens, max_new_tokens, temperature=0.0, seed=0, concurrency=1,
+                method=None):
+            calls.append((num_speculative_tokens, concurrency, method))
+
+    MtpBaseline(Engine(), 1).run([[1, 2]], num_speculative_tokens=1, max_new_tokens=4, concurrency=4)
+    assert calls == [(1, 4, "mtp")]
+    (tmp_path / "config.json").write_text(json.dumps({"num_nextn_predict_layers": 1}))
+    check_baseline(parse_baseline("mtp:1"), backend="vllm", target=tmp_path, interleaves=False, runs_mtp=True,
+                   serve_sweep=False)  # the engine loop at any concurrency passes
+
