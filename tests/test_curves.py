@@ -168,7 +168,7 @@ def test_card_compare_draws_the_other_drafters_in_the_load_plots(tmp_path, monke
     r = CliRunner().invoke(main, ["card", str(d), "--results", str(mine), "--compare", str(other_path)])
     assert r.exit_code == 0, r.output
     pareto = legends["per_user_vs_total.png"]
-    assert pareto == ["no speculation", "n=3", "EAGLE-3 eagle3-drafter n=3"]
+    assert pareto == ["no speculation", "DSpark drafter n=3", "EAGLE-3 eagle3-drafter n=3"]
     assert "EAGLE-3 eagle3-drafter (best n)" in legends["speedup_vs_concurrency.png"]
     assert not any(str(tmp_path) in t for ts in legends.values() for t in ts)
 

@@ -165,7 +165,8 @@ def plot_pareto(res: VerifyResults, path: Path, *, others: list[VerifyResults] =
     matched-throughput speedup is the vertical gap to the baseline's line at the same x.
 
     ``others`` (the card's ``--compare`` drafters, same target) add one dotted line per n each, labelled with the
-    drafter's method and id; their own baselines are not drawn again (the card's baseline is the reference)."""
+    drafter's method and id (the card's own lines then carry its name too); their own baselines are not drawn again
+    (the card's baseline is the reference)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,7 +179,8 @@ def plot_pareto(res: VerifyResults, path: Path, *, others: list[VerifyResults] =
         xs, ys = [p.total_tokens_per_s for p in cv.points], [p.per_user_tokens_per_s for p in cv.points]
         style = ({"color": "black", "linestyle": "--", "marker": "s", "linewidth": 2, "zorder": 3} if cv.n is None
                  else {"marker": "o"})
-        ax.plot(xs, ys, label=cv.label, **style)
+        own = f"{_drafter_name(res)} {cv.label}" if others and cv.n is not None else cv.label  # whose n, beside others
+        ax.plot(xs, ys, label=own, **style)
         for p in cv.points:
             ax.annotate(f"c={p.concurrency}", (p.total_tokens_per_s, p.per_user_tokens_per_s), fontsize=7,
                         textcoords="offset points", xytext=(4, 4))
