@@ -19,9 +19,10 @@ from dsparkhub.verify.vllm.checks import (FAILED, PASSED, REFUSED, SKIPPED, Stag
 from dsparkhub.verify.vllm.contract import VllmContract, contract_for, installed_contract
 from dsparkhub.verify.vllm.stand_in import CpuStandIn
 
-# Stacked parameters of vLLM's Qwen3 / Llama layers (qwen3_dflash.py, llama_eagle3.py orig_to_new_stacked):
-# checkpoint part -> order.
-_STACKS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# Stacked parameters of vLLM's Qwen3 / Llama layers (qwen3_dflash.py, llama_eagle3.py orig_to_new_stacked) and
+# of vLLM 0.34's K3 MLA drafter (models/kimi_k3/nvidia/dspark_mla.py:452-453): checkpoint part -> order.
+_STACKS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+           "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa")}
 
 
 def _read_tensors(folder: Path) -> dict:
@@ -369,22 +370,24 @@ def run_checks(draft: str, target: str, num_speculative_tokens: int | None = Non
         holder["vllm_config"] = vllm_config
         archs = list(getattr(spec.draft_model_config.hf_config, "architectures", None) or [])
         holder["archs"] = archs
+        hf_config = spec.draft_model_config.hf_config
         details = {"method": spec.method, "architectures": archs,
+                   "config_class": f"{type(hf_config).__module__}.{type(hf_config).__name__}",
                    "num_speculative_tokens": spec.num_speculative_tokens,
                    "draft_model_type": getattr(spec.draft_model_config.hf_config, "model_type", None)}
         if spec.method != method or not archs or not serves_method(archs[0], method):
             return StageResult("config", FAILED, f"vLLM resolved method {spec.method!r}, architectures {archs}; "
                                                  f"expected {method} and a {method} drafter architecture", details)
         return StageResult("config", PASSED, f"vLLM's SpeculativeConfig accepted the drafter as {archs[0]} "
-                                             f"(method {method}, num_speculative_tokens={spec.num_speculative_tokens})",
-                           details)
+                                             f"(method {method}, num_speculative_tokens={spec.num_speculative_tokens}; "
+                                             f"config class {type(hf_config).__name__})", details)
 
     def load_stage() -> StageResult:
         try:
             return _load_weights_stage(holder["vllm_config"], draft_path, judged)
         except LookupError as exc:
-            return StageResult("load_weights", SKIPPED, f"{exc} (vLLM {installed.line} has no CPU class for K3 / "
-                                                        "DeepSeek-V4 / Gemma4 DSpark drafters)")
+            return StageResult("load_weights", SKIPPED, f"{exc} (contract gpu_drafter_classes: "
+                                                        f"{installed.source('gpu_drafter_classes')})")
 
     with stand_in:
         stages = [_stage("config", config_stage)]

@@ -14,8 +14,9 @@ from dsparkhub.verify.vllm.contract import VllmContract
 class CpuStandIn:
     """The contract's ``cpu_stand_in`` for vLLM versions that cannot run the config / load_weights stages on this
     machine (0.34 on an x86 CPU without triton-cpu): its env is set at construction (before vLLM loads, where no
-    CUDA device is visible), its flag treated as true inside ``with`` and restored after, so the engine stage meets
-    vLLM's real refusal. ``used`` says what was swapped (None: nothing)."""
+    CUDA device is visible), its flag treated as true inside ``with`` (with the names its module binds when the flag is
+    true, ``flag_binds``, bound to the installed package) and restored after, so the engine stage meets vLLM's real
+    refusal. ``used`` says what was swapped (None: nothing)."""
 
     def __init__(self, contract: VllmContract):
         import os
@@ -25,6 +26,7 @@ class CpuStandIn:
         self.spec = contract.value("cpu_stand_in") if not torch.cuda.is_available() else None
         self.used: str | None = None
         self._saved: Any = None
+        self._bound: dict[str, Any] = {}
         self._stubbed = _stub_imports((self.spec or {}).get("import_stubs") or {})
         if self.spec:
             for key, value in self.spec.get("env", {}).items():
@@ -39,9 +41,15 @@ class CpuStandIn:
             self._saved = (module, name, getattr(module, name))
             if not self._saved[2]:
                 setattr(module, name, True)
+                self._bound = {attr: getattr(module, attr) for attr in self.spec.get("flag_binds", {})}
+                for attr, target in self.spec.get("flag_binds", {}).items():
+                    setattr(module, attr, _resolve(target))
                 env = ", ".join(f"{k}={v}" for k, v in self.spec.get("env", {}).items())
-                self.used = (f"{self.spec['flag']} treated as true and {env} for the config and load_weights stages "
-                             f"only ({self.spec.get('why')}); nothing is compiled or run on Triton")
+                binds = ", ".join(self._bound)
+                self.used = (f"{self.spec['flag']} treated as true" + (f" (with {binds} bound to the installed "
+                                                                       f"package)" if binds else "")
+                             + f" and {env} for the config and load_weights stages only ({self.spec.get('why')}); "
+                             f"nothing is compiled or run on Triton")
                 if self._stubbed:
                     self.used += (f"; placeholders for {', '.join(self._stubbed)} (its "
                                   f"package {self.spec['import_stubs']['needs']} is not installed; nothing of it runs)")
@@ -51,6 +59,17 @@ class CpuStandIn:
         if self._saved is not None:
             module, name, value = self._saved
             setattr(module, name, value)
+            for attr, bound in self._bound.items():
+                setattr(module, attr, bound)
+
+
+def _resolve(target: str) -> Any:
+    """The object a ``flag_binds`` target names: ``package.module`` or ``package.module:attribute``."""
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr) if attr else module
 
 
 #: run at interpreter start (a ``sitecustomize`` first on PYTHONPATH) and here: placeholders for the stubbed modules
