@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -168,177 +169,18 @@ def open_inputs(draft: str | Path, target: str | Path) -> tuple[str | OpenedDraf
     return d, t
 
 
-def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
-               settings: VerifySettings = VerifySettings(), *,
-               backend: str | Backend = "reference", out: str | Path | None = None, overwrite: bool = False,
-               progress: bool = True, check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
-               validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None,
-               spec_options=None, validation=None) -> VerifyResults:
-    """Verify a drafter against its target and return (and optionally save) the results.
-
-    Args:
-        draft: drafter folder (converted, e.g. the output of ``dsparkhub convert``), or the drafter opened once by
-            :func:`open_inputs` (then no step reads its headers again).
-        target: target folder (or Hub repo id / served model name for the vLLM backends), or its
-            :class:`~dsparkhub.target.TargetSpec` (:func:`open_inputs`).
-        settings: what to measure and the engine settings (:class:`~dsparkhub.verify.settings.VerifySettings`:
-            n values, datasets, sampling, method, engine options, load), recorded in the results.
-        backend: a backend name for :func:`make_backend`, or a ready :class:`Backend` (not closed here).
-        out: write the results file here (atomically), also when the run is not lossless; checked before
-            anything runs (:func:`check_results_path`).
-        overwrite: replace an existing results file ``out``.
-        progress: show tqdm bars on stderr.
-        check: run ``dsparkhub.validate`` first (skip only for engines that do their own checks).
-        raise_on_mismatch: raise :class:`LosslessMismatchError` after saving when a run is not lossless.
-        tokenizer: tokenizer to use instead of the target folder's.
-        validate_fn: replacement for the validation step ``(draft, target, n) -> None`` (tests).
-        warn: called with one line per warning (validation, prompts longer than the context); the CLI prints
-            them on stderr. They are also stored in the results' ``warnings``.
-        spec_options: speculative-config extras, n = block size, notes (``spec_options.SpecOptions``; None: none).
-        validation: the drafter's :class:`~dsparkhub.validate.record.ValidationRecord` when one was just made (the
-            quickstart hands on convert's); used when its key matches, as the folder's ``validation.json`` is.
-
-    Returns:
-        The :class:`VerifyResults` (also written to ``out``).
+def _open_engine(backend: str, row, *, target: str, draft: str, opened: OpenedDraft | None, method: str | None, data,
+                 load, settings: VerifySettings, spec_options, out, tokenizer) -> Backend:
+    """The engine a named backend measures with: for a concurrency sweep the row's driver (vllm: ``engine-loop``,
+    vllm-serve: ``bench-serve``) or the one ``--load-driver`` picks; batch 1 the backend itself.
 
     Raises:
-        VerifyArgumentError (a ValueError): bad n values / temperature / max_new_tokens / method / results path, a
-            prompt plus ``max_new_tokens`` beyond the target's context (without ``allow_beyond_context``), or
-            (EngineOptionError) a backend setting the backend does not take; raised before any model loads.
-        ValidationFailedError: the drafter does not fit the target (no model was loaded).
-        PromptFileError: a dataset cannot be read or tokenized.
-        EngineUnavailableError / VerifyError: the engine is missing, refused or crashed.
-        LosslessMismatchError: greedy outputs differ (after ``out`` was written).
-        OutputExistsError / OutputNotWritableError: ``out`` exists (without ``overwrite``) or cannot be written.
-        EngineUnavailableError / VerifyError raised mid-sweep, or KeyboardInterrupt (Ctrl-C): after ``out`` was
-            written with the configurations measured so far and ``incomplete`` naming where it stopped (the
-            interrupt's ``partial_results`` is ``out``); with nothing measured with the drafter, no file.
+        VerifyArgumentError: a concurrency above a dataset's prompt count (the closed loop sends each prompt once).
+        EngineUnavailableError / VerifyError: the engine cannot be made (:func:`make_backend`, ``sweep_backend``).
     """
-    load = settings.load.checked()
-    method = settings.method
-    opened = draft if isinstance(draft, OpenedDraft) else None  # a local drafter is opened once, below at latest
-    target_spec = target if isinstance(target, TargetSpec) else None
-    target = target_spec.source if target_spec is not None else target
-    ns = sorted(set(int(n) for n in settings.num_speculative_tokens))
-    if not ns or ns[0] < 1 or len(ns) != len(list(settings.num_speculative_tokens)):
-        raise VerifyArgumentError(f"num_speculative_tokens must be distinct positive integers, found "
-                        f"{list(settings.num_speculative_tokens)}")
-    if settings.temperature < 0:
-        raise VerifyArgumentError(f"temperature must be >= 0, found {settings.temperature}")
-    if settings.max_new_tokens < 1:
-        raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {settings.max_new_tokens}")
-    check_new_tokens(target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context)
-    choice = parse_baseline(settings.baseline)  # --baseline, refused (check_baseline) before anything loads
-    check_baseline(choice, backend=backend if isinstance(backend, str) else backend.name, target=target,
-                   interleaves=backend == "reference" if isinstance(backend, str) else
-                   bool(getattr(backend, "interleaves", False)),
-                   runs_mtp=engine_entry(backend).mtp_baseline if isinstance(backend, str) and engine_entry(backend)
-                   else hasattr(backend, "check_mtp"),
-                   serve_sweep=max(load.concurrency) > 1 and isinstance(backend, str) and engine_entry(backend) is not None
-                   and (load.driver or engine_entry(backend).batching) == "bench-serve")
-    if opened is not None:
-        draft = opened.checkpoint.path  # its step_latest for a DeepSpec run folder, resolved when it was opened
-    elif Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
-        from dsparkhub.layouts.deepspec_run import resolve_step_dir
-
-        draft = resolve_step_dir(draft)
-    draft, target = str(draft), str(target)
-    spec_notes: list[str] = []
-    if spec_options is not None:  # dsparkhub.verify.spec_options: lossy-rejection refusal, n = block size
-        from dsparkhub.verify.spec_options import prepare
-
-        ns, spec_notes = prepare(spec_options, ns, draft=opened or draft, temperature=settings.temperature,
-                                 backend=backend)
-    if isinstance(backend, str):
-        check_engine_options(backend, device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
-                              confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
-                              baseline_url=settings.baseline_url)
-        if engine_entry(backend).batching is None and max(load.concurrency) > 1:  # refused before any model loads
-            raise EngineOptionError(f"backend {backend} runs one request at a time, so --concurrency "
-                                    f"{max(load.concurrency)} is out of its reach; measure serving load with "
-                                    "--backend reference (batched decoding)", hint="drop --concurrency")
-        _check_driver(engine_entry(backend), load.driver)
-    if method is not None and method not in method_names():
-        raise VerifyArgumentError(f"unknown method {method!r}; expected one of {', '.join(method_names())}")
-    try:
-        if opened is None and (Path(draft) / "config.json").is_file():  # without one, detect_method says so
-            opened = open_draft(draft)
-        detected = detect_method(opened or draft)
-    except DsparkhubError:
-        if method is None or Path(draft).is_dir():  # a folder must name its method; a served name need not
-            raise
-        detected = None
-    if method is not None and detected is not None and method != detected:
-        raise VerifyArgumentError(f"--method {method} but the drafter's config.json describes a {detected} "
-                                  f"drafter; the results would be labelled {method} while the engine drafts as "
-                                  f"{detected}", hint="drop --method (it is read from the drafter), or fix the "
-                                                      "drafter's config")
-    method = method or detected
-    if out is not None and (str(out) == "" or Path(out).is_dir()):
-        raise VerifyArgumentError(f"--out {str(out)!r} is a folder (or empty); the results file needs a file path",
-                                  hint=f"e.g. --out {Path(out or '.') / 'results.json'}")
-    if out is not None and Path(out).parent.exists() and not Path(out).parent.is_dir():
-        raise VerifyArgumentError(f"--out {out}: {Path(out).parent} is a file, not a folder",
-                                  hint="give a path in an existing (or new) folder")
-    if out is not None:
-        check_results_path(out, overwrite=overwrite)
-    row = engine_entry(backend)  # a ready backend: the row of its name (None: no row, e.g. a test's stand-in)
-    if isinstance(backend, str) and method is not None and method not in row.methods:
-        raise EngineUnavailableError(f"the {row.label} ({row.name}) does not serve {method} drafters; it serves "
-                                     f"{', '.join(row.methods)}", hint="pick another --backend")
-    layout_notes: list[str] = []
-    if isinstance(backend, str):  # T x P fits the node / Ray cluster, layers split, drafter runs under it
-        layout_notes = check_layout(layout_of(settings), backend=backend, target=target, method=method,
-                                    speculative_config=spec_options.speculative_config if spec_options else None)
-    if isinstance(backend, str) and method in row.gpu_methods:
-        refuse_dspark_without_gpu(method)
-    noted: list[str] = []  # stored in the results file as `warnings`, and passed on to `warn`
-
-    def note(line: str) -> None:
-        noted.append(line.removeprefix("warning: ").removeprefix("warning "))
-        if warn is not None:
-            warn(line)
-
-    for line in spec_notes:
-        note(line)
-    for line in layout_notes:
-        if line.startswith("warning"):
-            note(line)
-        elif warn is not None:
-            warn(line)
-    if check:
-        # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
-        served_name = isinstance(backend, str) and row.server and not Path(target).is_dir()
-        if validate_fn is not None:
-            validate_fn(draft, None if served_name else target, max(ns))
-        else:
-            # a local target is opened once, by validation at the latest: the results' name reads the same one
-            target_spec = _validate(opened or draft, None if served_name else (target_spec or target), max(ns), note,
-                                    engine=row.name if row is not None else "vllm", validation=validation,
-                                    told=warn) or target_spec
-            if choice.kind == "drafter":  # the baseline drafter must fit the target too
-                _validate(choice.path, target_spec or target, baseline_n(choice, ns), note,
-                          engine=row.name if row else "vllm")
-
-    from dsparkhub.verify.prompts import load_datasets
-
-    data = load_datasets(settings.datasets, target, max_prompts=settings.max_prompts, tokenizer=tokenizer)
-    check_prompts(data, target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context, note)
-    # local folders are named by Hub id (target) or folder name plus fingerprint, never by local path
-    target_ref = ModelRef(id=public_name(target_spec or target), fingerprint=target_fingerprint(target))
-    base_file = None
-    if choice.kind == "results":  # the file's setup must be this run's, refused before the engine starts
-        base_file = read_baseline_file(f"{choice.path}@{choice.n}" if choice.n is not None else choice.path)
-        file_setup = {"target_fingerprint": target_ref.fingerprint, "target_id": target_ref.id,
-                      "datasets": [(ds.name, ds.source) for ds in data], "temperature": settings.temperature,
-                      "max_new_tokens": settings.max_new_tokens, "concurrency": list(load.concurrency)}
-        check_baseline_file(base_file, backend=backend if isinstance(backend, str) else backend.name, version=None,
-                            **file_setup)
-
-    owned = isinstance(backend, str)
     # how a concurrency sweep is driven: the row's default (vllm: engine-loop, vllm-serve: bench-serve), or the
     # other mode --load-driver picks (vllm: bench-serve, dsparkhub's own `vllm serve`); batch 1 ignores it
-    driver = (load.driver or row.batching) if owned and load.concurrency != (1,) else None
+    driver = (load.driver or row.batching) if load.concurrency != (1,) else None
     if driver == "engine-loop":  # the closed loop sends each prompt once, as the bench does
         from dsparkhub.verify.vllm.sweep import check_reach
 
@@ -347,26 +189,54 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
     if driver == "bench-serve":  # vllm serve + vllm bench serve
         from dsparkhub.verify.vllm.sweep import sweep_backend
 
-        engine = sweep_backend(backend, target=target, draft=draft, method=method, concurrency=load.concurrency,
-                               prompts_per_dataset=[len(ds.prompts) for ds in data],
-                               dataset_names=[ds.name for ds in data], out=out,
-                               tensor_parallel_size=settings.tensor_parallel_size,
-                               max_model_len=settings.max_model_len, compilation_config=settings.compilation_config,
-                               server_url=settings.server_url, baseline_url=settings.baseline_url,
-                               tokenizer=tokenizer, layout=layout_of(settings))
-    else:
-        engine = make_backend(backend, target=target, draft=opened or draft, method=method,
-                              device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
-                              max_model_len=settings.max_model_len,
-                              compilation_config=settings.compilation_config, layout=layout_of(settings),
-                              confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
-                              baseline_url=settings.baseline_url,
-                              speculative_config=spec_options.speculative_config if spec_options else None,
-                              max_concurrency=max(load.concurrency) if driver == "engine-loop" else None) \
-            if owned else backend
+        return sweep_backend(backend, target=target, draft=draft, method=method, concurrency=load.concurrency,
+                             prompts_per_dataset=[len(ds.prompts) for ds in data],
+                             dataset_names=[ds.name for ds in data], out=out,
+                             tensor_parallel_size=settings.tensor_parallel_size,
+                             max_model_len=settings.max_model_len, compilation_config=settings.compilation_config,
+                             server_url=settings.server_url, baseline_url=settings.baseline_url,
+                             tokenizer=tokenizer, layout=layout_of(settings))
+    return make_backend(backend, target=target, draft=opened or draft, method=method,
+                        device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
+                        max_model_len=settings.max_model_len,
+                        compilation_config=settings.compilation_config, layout=layout_of(settings),
+                        confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
+                        baseline_url=settings.baseline_url,
+                        speculative_config=spec_options.speculative_config if spec_options else None,
+                        max_concurrency=max(load.concurrency) if driver == "engine-loop" else None)
+
+
+@dataclass
+class _Measured:
+    """What :func:`_measure` timed: per dataset the baseline runs per concurrency (``base``), the untimed target-alone
+    pass a drafter / MTP baseline is checked against (``plain``), the drafter runs per (n, concurrency) (``spec``),
+    the reference engine's step costs, where it stopped (``stopped`` / ``incomplete``), the intra-op threads, the
+    engine's :class:`EngineInfo` and the order."""
+
+    base: dict
+    plain: dict
+    spec: dict
+    costs: dict
+    stopped: DsparkhubError | KeyboardInterrupt | None
+    incomplete: list[str]
+    threads: int | None
+    info: EngineInfo | None
+    interleaved: bool
+
+
+def _measure(engine: Backend, choice, base_n: int | None, *, ns: list[int], data, load, settings: VerifySettings,
+             progress: bool, owned: bool) -> _Measured:
+    """Run every configuration (the baseline, each n) on every dataset at every concurrency, ``load.repeats`` times:
+    interleaved for an engine that switches configurations for free, else configuration-outer. An engine refusal,
+    a crash or Ctrl-C stops the loop and is kept in ``stopped`` (what was measured so far is returned); the engine is
+    closed here when ``owned``.
+
+    Raises:
+        EngineOptionError: a concurrency the engine cannot run (before anything is timed).
+        EngineUnavailableError: a baseline the engine cannot run (``baseline_engine`` / ``mtp_baseline``).
+    """
     base: dict[str, dict[int, list[RunStats]]] = {ds.name: {} for ds in data}
     plain: dict[str, dict[int, RunStats]] = {ds.name: {} for ds in data}  # a drafter baseline's lossless check
-    base_n = baseline_n(choice, ns) if choice.kind == "drafter" else choice.n if choice.kind == "mtp" else None
     base_engine = engine
     spec: dict[str, dict[tuple[int, int], list[RunStats]]] = {ds.name: {} for ds in data}
     threads = None
@@ -426,6 +296,190 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
             engine.step_costs = None
         if owned:
             engine.close()
+    return _Measured(base=base, plain=plain, spec=spec, costs=costs, stopped=stopped, incomplete=incomplete,
+                     threads=threads, info=info, interleaved=interleaved)
+
+
+def _checked_ns(settings: VerifySettings) -> list[int]:
+    """The n values, sorted, after checking the sampling settings.
+
+    Raises:
+        VerifyArgumentError: n values not distinct positive integers, a negative temperature, max_new_tokens < 1.
+    """
+    ns = sorted(set(int(n) for n in settings.num_speculative_tokens))
+    if not ns or ns[0] < 1 or len(ns) != len(list(settings.num_speculative_tokens)):
+        raise VerifyArgumentError(f"num_speculative_tokens must be distinct positive integers, found "
+                                  f"{list(settings.num_speculative_tokens)}")
+    if settings.temperature < 0:
+        raise VerifyArgumentError(f"temperature must be >= 0, found {settings.temperature}")
+    if settings.max_new_tokens < 1:
+        raise VerifyArgumentError(f"max_new_tokens must be at least 1, found {settings.max_new_tokens}")
+    return ns
+
+
+def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
+               settings: VerifySettings = VerifySettings(), *,
+               backend: str | Backend = "reference", out: str | Path | None = None, overwrite: bool = False,
+               progress: bool = True, check: bool = True, raise_on_mismatch: bool = True, tokenizer=None,
+               validate_fn: Callable | None = None, warn: Callable[[str], None] | None = None,
+               spec_options=None, validation=None) -> VerifyResults:
+    """Verify a drafter against its target and return (and optionally save) the results.
+
+    Args:
+        draft: drafter folder (converted, e.g. the output of ``dsparkhub convert``), or the drafter opened once by
+            :func:`open_inputs` (then no step reads its headers again).
+        target: target folder (or Hub repo id / served model name for the vLLM backends), or its
+            :class:`~dsparkhub.target.TargetSpec` (:func:`open_inputs`).
+        settings: what to measure and the engine settings (:class:`~dsparkhub.verify.settings.VerifySettings`:
+            n values, datasets, sampling, method, engine options, load), recorded in the results.
+        backend: a backend name for :func:`make_backend`, or a ready :class:`Backend` (not closed here).
+        out: write the results file here (atomically), also when the run is not lossless; checked before
+            anything runs (:func:`check_results_path`).
+        overwrite: replace an existing results file ``out``.
+        progress: show tqdm bars on stderr.
+        check: run ``dsparkhub.validate`` first (skip only for engines that do their own checks).
+        raise_on_mismatch: raise :class:`LosslessMismatchError` after saving when a run is not lossless.
+        tokenizer: tokenizer to use instead of the target folder's.
+        validate_fn: replacement for the validation step ``(draft, target, n) -> None`` (tests).
+        warn: called with one line per warning (validation, prompts longer than the context); the CLI prints
+            them on stderr. They are also stored in the results' ``warnings``.
+        spec_options: speculative-config extras, n = block size, notes (``spec_options.SpecOptions``; None: none).
+        validation: the drafter's :class:`~dsparkhub.validate.record.ValidationRecord` when one was just made (the
+            quickstart hands on convert's); used when its key matches, as the folder's ``validation.json`` is.
+
+    Returns:
+        The :class:`VerifyResults` (also written to ``out``).
+
+    Raises:
+        VerifyArgumentError (a ValueError): bad n values / temperature / max_new_tokens / method / results path, a
+            prompt plus ``max_new_tokens`` beyond the target's context (without ``allow_beyond_context``), or
+            (EngineOptionError) a backend setting the backend does not take; raised before any model loads.
+        ValidationFailedError: the drafter does not fit the target (no model was loaded).
+        PromptFileError: a dataset cannot be read or tokenized.
+        EngineUnavailableError / VerifyError: the engine is missing, refused or crashed.
+        LosslessMismatchError: greedy outputs differ (after ``out`` was written).
+        OutputExistsError / OutputNotWritableError: ``out`` exists (without ``overwrite``) or cannot be written.
+        EngineUnavailableError / VerifyError raised mid-sweep, or KeyboardInterrupt (Ctrl-C): after ``out`` was
+            written with the configurations measured so far and ``incomplete`` naming where it stopped (the
+            interrupt's ``partial_results`` is ``out``); with nothing measured with the drafter, no file.
+    """
+    load = settings.load.checked()
+    method = settings.method
+    opened = draft if isinstance(draft, OpenedDraft) else None  # a local drafter is opened once, below at latest
+    target_spec = target if isinstance(target, TargetSpec) else None
+    target = target_spec.source if target_spec is not None else target
+    ns = _checked_ns(settings)
+    check_new_tokens(target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context)
+    choice = parse_baseline(settings.baseline)  # --baseline, refused (check_baseline) before anything loads
+    check_baseline(choice, backend=backend if isinstance(backend, str) else backend.name, target=target,
+                   interleaves=backend == "reference" if isinstance(backend, str) else
+                   bool(getattr(backend, "interleaves", False)),
+                   runs_mtp=engine_entry(backend).mtp_baseline if isinstance(backend, str) and engine_entry(backend)
+                   else hasattr(backend, "check_mtp"),
+                   serve_sweep=max(load.concurrency) > 1 and isinstance(backend, str) and engine_entry(backend) is not None
+                   and (load.driver or engine_entry(backend).batching) == "bench-serve")
+    if opened is not None:
+        draft = opened.checkpoint.path  # its step_latest for a DeepSpec run folder, resolved when it was opened
+    elif Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
+        from dsparkhub.layouts.deepspec_run import resolve_step_dir
+
+        draft = resolve_step_dir(draft)
+    draft, target = str(draft), str(target)
+    spec_notes: list[str] = []
+    if spec_options is not None:  # dsparkhub.verify.spec_options: lossy-rejection refusal, n = block size
+        from dsparkhub.verify.spec_options import prepare
+
+        ns, spec_notes = prepare(spec_options, ns, draft=opened or draft, temperature=settings.temperature,
+                                 backend=backend)
+    if isinstance(backend, str):
+        check_engine_options(backend, device=settings.device, tensor_parallel_size=settings.tensor_parallel_size,
+                              confidence_threshold=settings.confidence_threshold, server_url=settings.server_url,
+                              baseline_url=settings.baseline_url)
+        if engine_entry(backend).batching is None and max(load.concurrency) > 1:  # refused before any model loads
+            raise EngineOptionError(f"backend {backend} runs one request at a time, so --concurrency "
+                                    f"{max(load.concurrency)} is out of its reach; measure serving load with "
+                                    "--backend reference (batched decoding)", hint="drop --concurrency")
+        _check_driver(engine_entry(backend), load.driver)
+    if method is not None and method not in method_names():
+        raise VerifyArgumentError(f"unknown method {method!r}; expected one of {', '.join(method_names())}")
+    try:
+        if opened is None and (Path(draft) / "config.json").is_file():  # without one, detect_method says so
+            opened = open_draft(draft)
+        detected = detect_method(opened or draft)
+    except DsparkhubError:
+        if method is None or Path(draft).is_dir():  # a folder must name its method; a served name need not
+            raise
+        detected = None
+    if method is not None and detected is not None and method != detected:
+        raise VerifyArgumentError(f"--method {method} but the drafter's config.json describes a {detected} "
+                                  f"drafter; the results would be labelled {method} while the engine drafts as "
+                                  f"{detected}", hint="drop --method (it is read from the drafter), or fix the "
+                                                      "drafter's config")
+    method = method or detected
+    if out is not None:
+        check_results_path(out, overwrite=overwrite)
+    row = engine_entry(backend)  # a ready backend: the row of its name (None: no row, e.g. a test's stand-in)
+    if isinstance(backend, str) and method is not None and method not in row.methods:
+        raise EngineUnavailableError(f"the {row.label} ({row.name}) does not serve {method} drafters; it serves "
+                                     f"{', '.join(row.methods)}", hint="pick another --backend")
+    layout_notes: list[str] = []
+    if isinstance(backend, str):  # T x P fits the node / Ray cluster, layers split, drafter runs under it
+        layout_notes = check_layout(layout_of(settings), backend=backend, target=target, method=method,
+                                    speculative_config=spec_options.speculative_config if spec_options else None)
+    if isinstance(backend, str) and method in row.gpu_methods:
+        refuse_dspark_without_gpu(method)
+    noted: list[str] = []  # stored in the results file as `warnings`, and passed on to `warn`
+
+    def note(line: str) -> None:
+        noted.append(line.removeprefix("warning: ").removeprefix("warning "))
+        if warn is not None:
+            warn(line)
+
+    for line in spec_notes:
+        note(line)
+    for line in layout_notes:
+        if line.startswith("warning"):
+            note(line)
+        elif warn is not None:
+            warn(line)
+    if check:
+        # A running server's model name need not be a folder or a Hub id: check the drafter alone then.
+        served_name = isinstance(backend, str) and row.server and not Path(target).is_dir()
+        if validate_fn is not None:
+            validate_fn(draft, None if served_name else target, max(ns))
+        else:
+            # a local target is opened once, by validation at the latest: the results' name reads the same one
+            target_spec = _validate(opened or draft, None if served_name else (target_spec or target), max(ns), note,
+                                    engine=row.name if row is not None else "vllm", validation=validation,
+                                    told=warn) or target_spec
+            if choice.kind == "drafter":  # the baseline drafter must fit the target too
+                _validate(choice.path, target_spec or target, baseline_n(choice, ns), note,
+                          engine=row.name if row else "vllm")
+
+    from dsparkhub.verify.prompts import load_datasets
+
+    data = load_datasets(settings.datasets, target, max_prompts=settings.max_prompts, tokenizer=tokenizer)
+    check_prompts(data, target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context, note)
+    # local folders are named by Hub id (target) or folder name plus fingerprint, never by local path
+    target_ref = ModelRef(id=public_name(target_spec or target), fingerprint=target_fingerprint(target))
+    base_file = None
+    if choice.kind == "results":  # the file's setup must be this run's, refused before the engine starts
+        base_file = read_baseline_file(f"{choice.path}@{choice.n}" if choice.n is not None else choice.path)
+        file_setup = {"target_fingerprint": target_ref.fingerprint, "target_id": target_ref.id,
+                      "datasets": [(ds.name, ds.source) for ds in data], "temperature": settings.temperature,
+                      "max_new_tokens": settings.max_new_tokens, "concurrency": list(load.concurrency)}
+        check_baseline_file(base_file, backend=backend if isinstance(backend, str) else backend.name, version=None,
+                            **file_setup)
+
+    owned = isinstance(backend, str)
+    engine = _open_engine(backend, row, target=target, draft=draft, opened=opened, method=method, data=data,
+                          load=load, settings=settings, spec_options=spec_options, out=out, tokenizer=tokenizer) \
+        if owned else backend
+    base_n = baseline_n(choice, ns) if choice.kind == "drafter" else choice.n if choice.kind == "mtp" else None
+    m = _measure(engine, choice, base_n, ns=ns, data=data, load=load, settings=settings, progress=progress,
+                 owned=owned)
+    base, plain, spec, costs = m.base, m.plain, m.spec, m.costs
+    stopped, incomplete, threads, info, interleaved = m.stopped, m.incomplete, m.threads, m.info, m.interleaved
     if stopped is not None and not any(spec.values()):
         raise stopped  # nothing with the drafter was measured: no file, the engine's error as it was
     runs = []
@@ -538,12 +592,19 @@ def check_results_path(out: str | Path, *, overwrite: bool = False) -> None:
     (:func:`dsparkhub.io.ownership.claim_output`, which probes it).
 
     Raises:
+        VerifyArgumentError: ``out`` is empty or a folder, or its parent is a file.
         OutputExistsError: ``out`` exists and ``overwrite`` is False, or it is not a results file.
         OutputNotWritableError: the folder does not take new files (read-only, no permission), or ``out`` is named
             like a checkpoint's own file (``config.json``, ``*.safetensors``, ...).
     """
     from dsparkhub.io.ownership import claim_output
 
+    if str(out) == "" or Path(out).is_dir():
+        raise VerifyArgumentError(f"--out {str(out)!r} is a folder (or empty); the results file needs a file path",
+                                  hint=f"e.g. --out {Path(out or '.') / 'results.json'}")
+    if Path(out).parent.exists() and not Path(out).parent.is_dir():
+        raise VerifyArgumentError(f"--out {out}: {Path(out).parent} is a file, not a folder",
+                                  hint="give a path in an existing (or new) folder")
     claim_output(out, overwrite=overwrite, kind="results")
 
 
