@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from dsparkhub.example.batches import regenerate, target_states
 from dsparkhub.example.corpus import EOS_ID, read_source, stdlib_modules
 from dsparkhub.example.layouts import save_safetensors
-from dsparkhub.example.train import EXAMPLE_RECIPE, _lr
+from dsparkhub.example.train import EXAMPLE_RECIPE, optimise
 
 __all__ = ["EAGLE3_RECIPE", "eagle3_config_dict", "train_example_eagle3"]
 
@@ -142,19 +142,12 @@ def train_example_eagle3(target_dir: str | Path, out: str | Path, r: dict = EAGL
     opt = torch.optim.AdamW(params, lr=r["lr"], betas=(0.9, 0.95), weight_decay=0.0)
     lm_head = target.get_output_embeddings()
     drafter.train()
-    losses = []
-    for step in range(r["steps"]):
-        for g in opt.param_groups:
-            g["lr"] = _lr(step, r["steps"], r["lr"], r["warmup"])
+
+    def loss_at(step: int) -> torch.Tensor:
         rows = torch.randint(0, seqs.shape[0], (r["batch_size"],), generator=gen)
-        loss = _ttt_loss(drafter, seqs[rows], feats[rows], last[rows], lm_head, r["regen"]["prompt_len"], r)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
-        if progress and step % 40 == 0:
-            progress(f"  eagle3 step {step}/{r['steps']} loss {losses[-1]:.3f}")
+        return _ttt_loss(drafter, seqs[rows], feats[rows], last[rows], lm_head, r["regen"]["prompt_len"], r)
+
+    losses = optimise(opt, params, r, loss_at, what="eagle3", every=40, progress=progress)
     drafter.eval()
     save_safetensors({k: v.detach().contiguous() for k, v in drafter.state_dict().items()}, out / "model.safetensors")
     (out / "train_info.json").write_text(json.dumps({"recipe": r, "loss_first": losses[0], "loss_last": losses[-1],

@@ -70,6 +70,31 @@ def _lr(step: int, total: int, base: float, warmup: int) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+
+def optimise(opt: torch.optim.Optimizer, params: list, r: dict, loss_at, *, what: str, every: int = 20,
+             progress=None) -> list[float]:
+    """The example's one training loop: for ``r["steps"]`` steps, the warm-up + cosine learning rate (:func:`_lr`
+    of ``r["lr"]`` / ``r["warmup"]``), ``loss_at(step)`` (a scalar tensor; it samples its own batch), backward,
+    gradient norm clipped to 1.0 over ``params``, one optimizer step; a progress line every ``every`` steps.
+
+    Returns:
+        The loss of every step (floats), in order.
+    """
+    losses = []
+    for step in range(r["steps"]):
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, r["steps"], r["lr"], r["warmup"])
+        loss = loss_at(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if progress and step % every == 0:
+            progress(f"  {what} step {step}/{r['steps']} loss {losses[-1]:.3f}")
+    return losses
+
+
 def _target_config(vocab_size: int):
     from transformers import Qwen3Config
 
@@ -87,25 +112,17 @@ def _target_config(vocab_size: int):
 
 
 def _train_target(model, stream: torch.Tensor, r: dict, gen: torch.Generator, progress=None) -> list[float]:
-    seq, bs, steps = r["seq_len"], r["batch_size"], r["steps"]
-    opt = torch.optim.AdamW(model.parameters(), lr=r["lr"], betas=(0.9, 0.95), weight_decay=0.01)
+    seq, bs = r["seq_len"], r["batch_size"]
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=r["lr"], betas=(0.9, 0.95), weight_decay=0.01)
     model.train()
-    losses = []
-    n_windows = (stream.numel() - 1) // seq
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = _lr(step, steps, r["lr"], r["warmup"])
+
+    def loss_at(step: int) -> torch.Tensor:
         starts = torch.randint(0, stream.numel() - seq - 1, (bs,), generator=gen)
         batch = torch.stack([stream[s:s + seq] for s in starts.tolist()])
-        out = model(input_ids=batch, labels=batch)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(out.loss.detach()))
-        if progress and step % 20 == 0:
-            progress(f"  target step {step}/{steps} loss {losses[-1]:.3f}")
-    del n_windows
+        return model(input_ids=batch, labels=batch).loss
+
+    losses = optimise(opt, params, r, loss_at, what="target", progress=progress)
     model.eval()
     return losses
 
@@ -131,10 +148,8 @@ def _train_drafter(drafter: Drafter, seqs, feats, last_hidden, target_lm_head, p
     cand = torch.arange(seq_len - 1)
     valid_row = (cand >= prompt_len)
     drafter.train()
-    losses = []
-    for step in range(r["steps"]):
-        for g in opt.param_groups:
-            g["lr"] = _lr(step, r["steps"], r["lr"], r["warmup"])
+
+    def loss_at(step: int) -> torch.Tensor:
         rows = torch.randint(0, bsz_all, (r["batch_size"],), generator=gen)
         ids, ft, lh = seqs[rows], feats[rows], last_hidden[rows]
         bsz = ids.shape[0]
@@ -162,13 +177,9 @@ def _train_drafter(drafter: Drafter, seqs, feats, last_hidden, target_lm_head, p
             target_acc = (1.0 - 0.5 * l1_tok.detach()).clamp(0.0, 1.0)
             bce = F.binary_cross_entropy_with_logits(conf, target_acc, reduction="none")
             loss = loss + r["confidence_head_alpha"] * (bce * w).sum() / den
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
-        if progress and step % 20 == 0:
-            progress(f"  drafter step {step}/{r['steps']} loss {losses[-1]:.3f}")
+        return loss
+
+    losses = optimise(opt, params, r, loss_at, what="drafter", progress=progress)
     drafter.eval()
     return losses, opt.state_dict()
 
