@@ -12,6 +12,7 @@ trained with it true is refused rather than silently changed.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -33,6 +34,13 @@ def _tensors(path) -> dict:
         return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
 
 
+def _rewrite_tensors(folder, edit) -> None:
+    """Rewrite ``folder``'s model.safetensors with ``edit(tensors)`` applied (a test's private copy only)."""
+    t = _tensors(folder / "model.safetensors")
+    edit(t)
+    save_file(t, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
 
@@ -42,20 +50,16 @@ def sources(tmp_path_factory):
     """{name: source folder}: the TorchSpec export, its pruned export with rows k + d2t[k], and the speculators
     fixture as trained with speculators' default norm_before_residual=false (the fixture itself has true)."""
     root = tmp_path_factory.mktemp("eagle3-sources")
-    spec = root / "speculators-eagle3"
-    spec.mkdir()
-    for f in SPECULATORS.iterdir():
-        (spec / f.name).write_bytes(f.read_bytes())
+    spec = shutil.copytree(SPECULATORS, root / "speculators-eagle3")
     cfg = json.loads((SPECULATORS / "config.json").read_text())
     (spec / "config.json").write_text(json.dumps({**cfg, "norm_before_residual": False}))
-    pruned = root / "torchspec-eagle3-pruned"
-    pruned.mkdir()
-    for f in (FIXTURES / "torchspec-eagle3-pruned").iterdir():
-        (pruned / f.name).write_bytes(f.read_bytes())
-    t = _tensors(pruned / "model.safetensors")
-    t["lm_head.weight"] = _tensors(TORCHSPEC / "model.safetensors")["lm_head.weight"][
-        torch.arange(64) + t["d2t"]].contiguous()
-    save_file(t, str(pruned / "model.safetensors"), metadata={"format": "pt"})
+    pruned = shutil.copytree(FIXTURES / "torchspec-eagle3-pruned", root / "torchspec-eagle3-pruned")
+    full_head = _tensors(TORCHSPEC / "model.safetensors")["lm_head.weight"]
+
+    def right_rows(t):
+        t["lm_head.weight"] = full_head[torch.arange(64) + t["d2t"]].contiguous()
+
+    _rewrite_tensors(pruned, right_rows)
     return {"torchspec": TORCHSPEC, "torchspec-pruned": pruned, "speculators": spec}
 
 
@@ -113,13 +117,13 @@ def test_norm_before_residual_true_is_refused_naming_the_key(toy_target, tmp_pat
 
 def test_lm_head_equal_to_the_targets_is_kept(sources, toy_target, tmp_path):
     """SGLang reads the drafter's own lm_head whenever draft_vocab_size is set; the speculators layout drops it."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for f in sources["speculators"].iterdir():
-        (src / f.name).write_bytes(f.read_bytes())
-    t = _tensors(src / "model.safetensors")
-    t["lm_head.weight"] = _tensors(toy_target / "model.safetensors")["lm_head.weight"].to(t["lm_head.weight"].dtype)
-    save_file(t, str(src / "model.safetensors"), metadata={"format": "pt"})
+    src = shutil.copytree(sources["speculators"], tmp_path / "src")
+    target_head = _tensors(toy_target / "model.safetensors")["lm_head.weight"]
+
+    def targets_head(t):
+        t["lm_head.weight"] = target_head.to(t["lm_head.weight"].dtype)
+
+    _rewrite_tensors(src, targets_head)
     convert(src, tmp_path / "hf", toy_target, to="eagle3-hf")
     convert(src, tmp_path / "spec", toy_target, to="speculators-eagle3", base_model="toy/toy-qwen3-target")
     assert "lm_head.weight" in _tensors(tmp_path / "hf" / "model.safetensors")
@@ -128,13 +132,8 @@ def test_lm_head_equal_to_the_targets_is_kept(sources, toy_target, tmp_path):
 
 def test_a_drafter_without_its_own_lm_head_is_refused(sources, toy_target, tmp_path):
     """SGLang takes lm_head from the target only when draft_vocab_size is absent, which eagle3-hf never writes."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for f in sources["speculators"].iterdir():
-        (src / f.name).write_bytes(f.read_bytes())
-    t = _tensors(src / "model.safetensors")
-    del t["lm_head.weight"]
-    save_file(t, str(src / "model.safetensors"), metadata={"format": "pt"})
+    src = shutil.copytree(sources["speculators"], tmp_path / "src")
+    _rewrite_tensors(src, lambda t: t.pop("lm_head.weight"))
     with pytest.raises(ConversionRefusedError, match="reads lm_head.weight from the drafter itself"):
         convert(src, tmp_path / "out", toy_target, to="eagle3-hf")
     assert not (tmp_path / "out").exists()
