@@ -371,13 +371,13 @@ def run_verify(draft: str | Path | OpenedDraft, target: str | Path | TargetSpec,
     ns = _checked_ns(settings)
     check_new_tokens(target, settings.max_model_len, settings.max_new_tokens, settings.allow_beyond_context)
     choice = parse_baseline(settings.baseline)  # --baseline, refused (check_baseline) before anything loads
+    named = engine_entry(backend) if isinstance(backend, str) else None  # a ready backend is measured as it is
     check_baseline(choice, backend=backend if isinstance(backend, str) else backend.name, target=target,
                    interleaves=backend == "reference" if isinstance(backend, str) else
                    bool(getattr(backend, "interleaves", False)),
-                   runs_mtp=engine_entry(backend).mtp_baseline if isinstance(backend, str) and engine_entry(backend)
-                   else hasattr(backend, "check_mtp"),
-                   serve_sweep=max(load.concurrency) > 1 and isinstance(backend, str) and engine_entry(backend) is not None
-                   and (load.driver or engine_entry(backend).batching) == "bench-serve")
+                   runs_mtp=named.mtp_baseline if named else hasattr(backend, "check_mtp"),
+                   serve_sweep=max(load.concurrency) > 1 and named is not None
+                   and (load.driver or named.batching) == "bench-serve")
     if opened is not None:
         draft = opened.checkpoint.path  # its step_latest for a DeepSpec run folder, resolved when it was opened
     elif Path(draft).is_dir():  # a DeepSpec run folder: measure (and fingerprint, and name) its step_latest
